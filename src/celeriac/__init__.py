@@ -1,0 +1,86 @@
+"""celeriac: a distributed task queue for Python.
+
+::
+
+    from celeriac import Celeriac
+
+    app = Celeriac("proj")
+
+    @app.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    add.delay(2, 3).get(timeout=10)  # 5, once a worker runs: celeriac -A proj worker
+"""
+
+from . import states
+from .__about__ import __version__
+from .app import Celeriac
+from .errors import (
+    BrokerError,
+    BrokerUnavailable,
+    CeleriacError,
+    ConfigurationError,
+    ContentDisallowed,
+    DecodeError,
+    EncodeError,
+    Ignore,
+    MaxRetriesExceededError,
+    MessageTooLarge,
+    NotRegistered,
+    Reject,
+    ResultTimeout,
+    Retry,
+    SerializationError,
+    SoftTimeLimitExceeded,
+    TaskControl,
+    TaskError,
+    TaskFailed,
+    TaskRevoked,
+    TimeLimitExceeded,
+    WorkerLostError,
+    WorkerShutdown,
+    WorkerTerminate,
+)
+from .hooks import Hooks
+from .result import AsyncResult, EagerResult
+from .settings import Settings
+from .tasks import Request, Task
+from .worker import Worker
+
+__all__ = [
+    "AsyncResult",
+    "BrokerError",
+    "BrokerUnavailable",
+    "Celeriac",
+    "CeleriacError",
+    "ConfigurationError",
+    "ContentDisallowed",
+    "DecodeError",
+    "EagerResult",
+    "EncodeError",
+    "Hooks",
+    "Ignore",
+    "MaxRetriesExceededError",
+    "MessageTooLarge",
+    "NotRegistered",
+    "Reject",
+    "Request",
+    "ResultTimeout",
+    "Retry",
+    "SerializationError",
+    "Settings",
+    "SoftTimeLimitExceeded",
+    "Task",
+    "TaskControl",
+    "TaskError",
+    "TaskFailed",
+    "TaskRevoked",
+    "TimeLimitExceeded",
+    "Worker",
+    "WorkerLostError",
+    "WorkerShutdown",
+    "WorkerTerminate",
+    "__version__",
+    "states",
+]

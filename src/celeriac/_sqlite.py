@@ -1,0 +1,190 @@
+"""What the SQLite transport and result backend share: connections and the doorbell.
+
+Connections are per thread and per process (``sqlite3`` objects must not cross either
+boundary; a forked child opens its own). Writers wake waiters in other processes through
+a doorbell: each waiter binds a Unix datagram socket in a directory derived from the
+database path, and a writer sends one byte to every socket there after it commits. A
+waiter therefore sleeps in ``select``/the event loop, never in a polling loop, and wakes
+within a millisecond of a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import select
+import socket
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .errors import BrokerUnavailable, ConfigurationError
+
+
+def path_from_url(url: str) -> str:
+    """``sqlite:///rel.db`` -> ``rel.db``; ``sqlite:////abs/x.db`` -> ``/abs/x.db``."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ConfigurationError(f"not a sqlite:// URL: {url!r}")
+    if parts.netloc:
+        raise ConfigurationError(
+            f"sqlite URL {url!r} has a host; use sqlite:///relative.db or sqlite:////abs.db"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path or path == ":memory:":
+        raise ConfigurationError(
+            f"sqlite URL {url!r} needs a file path (an in-memory database cannot be shared)"
+        )
+    return os.path.abspath(path)
+
+
+class Database:
+    """One SQLite file: lazily opened per-thread connections and schema setup."""
+
+    def __init__(self, path: str, schema: str, busy_timeout: float = 30.0) -> None:
+        self.path = path
+        self.schema = schema
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+
+    def conn(self) -> sqlite3.Connection:
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            return conn
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or
+            # power loss can lose the last transactions.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            with self.transaction(conn):
+                _exec_script(conn, self.schema)
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        local.conn, local.pid = conn, os.getpid()
+        return conn
+
+    @contextlib.contextmanager
+    def transaction(
+        self, conn: sqlite3.Connection | None = None, immediate: bool = True
+    ) -> Iterator[sqlite3.Connection]:
+        conn = conn or self.conn()
+        conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+
+
+def _exec_script(conn: sqlite3.Connection, script: str) -> None:
+    # executescript() would COMMIT our transaction first; run statement by statement.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+class Doorbell:
+    """Cross-process wake-ups for one database file and one channel."""
+
+    def __init__(self, db_path: str, channel: str) -> None:
+        key = hashlib.sha1(os.path.realpath(db_path).encode()).hexdigest()[:16]
+        base = Path(tempfile.gettempdir()) / f"celeriac-{os.getuid()}"
+        self.dir = base / key / channel
+        self._sender: socket.socket | None = None
+        self._sender_pid = 0
+        self._peers: list[str] = []
+        self._peers_mtime = -1
+
+    # -- ringing ------------------------------------------------------------------------
+    def ring(self) -> None:
+        try:
+            mtime = self.dir.stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime != self._peers_mtime:
+            self._peers = [str(p) for p in self.dir.iterdir()]
+            self._peers_mtime = mtime
+        sender = self._sender_socket()
+        for peer in self._peers:
+            try:
+                sender.sendto(b"!", peer)
+            except BlockingIOError:
+                pass  # its buffer is full of rings it has not read: it will wake anyway
+            except (ConnectionRefusedError, FileNotFoundError):
+                with contextlib.suppress(OSError):
+                    os.unlink(peer)  # a waiter that died without cleaning up
+            except OSError as exc:
+                if exc.errno != errno.EAGAIN:
+                    raise
+
+    def _sender_socket(self) -> socket.socket:
+        if self._sender is None or self._sender_pid != os.getpid():
+            self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sender.setblocking(False)
+            self._sender_pid = os.getpid()
+        return self._sender
+
+    # -- listening ----------------------------------------------------------------------
+    def listen(self) -> Listener:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return Listener(self.dir)
+
+
+class Listener:
+    """A bound doorbell socket; ``wait`` and ``await wait_async`` return when rung."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self.sock.recv(64)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until rung or ``timeout`` seconds pass; True if rung."""
+        ready, _, _ = select.select([self.sock], [], [], max(timeout, 0.0))
+        return bool(ready)
+
+    async def wait_async(self, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        fd = self.sock.fileno()
+
+        def rung() -> None:
+            if not fut.done():
+                fut.set_result(True)
+
+        loop.add_reader(fd, rung)
+        try:
+            return await asyncio.wait_for(fut, max(timeout, 0.0))
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(fd)
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)

@@ -1,0 +1,175 @@
+"""The result backend interface, the stored result format, and the URL registry.
+
+A stored result is the serialized mapping Celery uses::
+
+    {"task_id", "status", "result", "traceback", "date_done", "retries"}
+
+where a failure's ``result`` is ``{"exc_type", "exc_module", "exc_message"}``.
+Backends store opaque bytes plus the content type; encoding and decoding happen here.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
+
+from .. import serialization, states
+from ..errors import ConfigurationError, DecodeError, EncodeError
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class ResultMeta:
+    task_id: str
+    state: str
+    result: Any
+    traceback: str | None = None
+    date_done: str | None = None
+    retries: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.state in states.READY_STATES
+
+
+def exception_to_dict(exc: BaseException) -> dict[str, Any]:
+    cls = type(exc)
+    message: Any = list(exc.args) if _jsonable(exc.args) else [str(exc)]
+    return {"exc_type": cls.__qualname__, "exc_module": cls.__module__, "exc_message": message}
+
+
+def _jsonable(value: Any) -> bool:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_jsonable(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _jsonable(v) for k, v in value.items())
+    return False
+
+
+class ResultBackend(abc.ABC):
+    scheme: ClassVar[str]
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
+        self.settings = settings
+        self.accept = serialization.accepted_content_types(settings.accept_content)
+
+    # -- what each backend implements ---------------------------------------------------
+    @abc.abstractmethod
+    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
+             ) -> None: ...
+
+    @abc.abstractmethod
+    def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        """Unexpired stored results for those of ``task_ids`` that have one."""
+
+    @abc.abstractmethod
+    def _wait(self, timeout: float) -> None:
+        """Return when any result may have changed, or after ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    def forget(self, task_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def cleanup(self) -> int:
+        """Delete expired results; returns how many."""
+
+    def close(self) -> None:
+        """Release connections held by this process."""
+
+    # -- shared logic -------------------------------------------------------------------
+    def store(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
+              retries: int = 0) -> None:
+        if isinstance(result, BaseException):
+            result = exception_to_dict(result)
+        meta = {
+            "task_id": task_id, "status": state, "result": result, "traceback": traceback,
+            "date_done": datetime.now(UTC).isoformat() if state in states.READY_STATES
+            else None, "retries": retries,
+        }
+        try:
+            content_type, data = serialization.dumps(meta, self.settings.result_serializer)
+        except EncodeError as exc:
+            # The task succeeded but its return value cannot be stored: record why
+            # instead of leaving the caller waiting forever.
+            meta["status"] = states.FAILURE
+            meta["result"] = {"exc_type": "EncodeError", "exc_module": "celeriac.errors",
+                              "exc_message": [f"cannot store result: {exc}"]}
+            content_type, data = serialization.dumps(meta, self.settings.result_serializer)
+        expires = self.settings.result_expires
+        self._put(task_id, content_type, data, time.time() + expires if expires else None)
+
+    def get(self, task_id: str) -> ResultMeta | None:
+        return self.get_many([task_id]).get(task_id)
+
+    def get_many(self, task_ids: Sequence[str]) -> dict[str, ResultMeta]:
+        return {tid: self._decode(tid, ct, data) for tid, (ct, data) in
+                self._get(task_ids).items()}
+
+    def _decode(self, task_id: str, content_type: str, data: bytes) -> ResultMeta:
+        meta = serialization.loads(data, content_type, self.accept)
+        if not isinstance(meta, dict) or "status" not in meta:
+            raise DecodeError(f"stored result for {task_id} is malformed")
+        return ResultMeta(task_id, meta["status"], meta.get("result"), meta.get("traceback"),
+                          meta.get("date_done"), int(meta.get("retries") or 0))
+
+    def wait_for(self, task_ids: Iterable[str], timeout: float | None,
+                 on_ready: Callable[[ResultMeta], None] | None = None) -> dict[str, ResultMeta]:
+        """Block until every one of ``task_ids`` is ready or ``timeout`` passes.
+
+        Returns the ready results seen (fewer than asked on timeout). ``on_ready`` is
+        called once per result as it becomes ready (progress bars).
+        """
+        pending = list(dict.fromkeys(task_ids))
+        done: dict[str, ResultMeta] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for start in range(0, len(pending), 500):
+                for tid, meta in self.get_many(pending[start:start + 500]).items():
+                    if meta.ready:
+                        done[tid] = meta
+                        if on_ready:
+                            on_ready(meta)
+            pending = [t for t in pending if t not in done]
+            if not pending:
+                return done
+            remaining = 1.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return done
+            self._wait(min(remaining, 1.0))
+
+
+_REGISTRY: dict[str, Callable[[str, Settings], ResultBackend]] = {}
+
+
+def register(scheme: str, factory: Callable[[str, Settings], ResultBackend]) -> None:
+    _REGISTRY[scheme] = factory
+
+
+def known_schemes() -> list[str]:
+    if not _REGISTRY:
+        from . import memory, sqlite
+
+        register("memory", memory.MemoryBackend)
+        register("sqlite", sqlite.SQLiteBackend)
+    return sorted(_REGISTRY)
+
+
+def create_backend(url: str, settings: Settings) -> ResultBackend:
+    scheme = urlsplit(url).scheme
+    schemes = known_schemes()
+    if scheme not in _REGISTRY:
+        raise ConfigurationError(
+            f"unknown result backend URL scheme {scheme!r} in {url!r}; known: "
+            + ", ".join(f"{s}://" for s in schemes)
+        )
+    return _REGISTRY[scheme](url, settings)

@@ -1,0 +1,86 @@
+"""Results in a SQLite file (the embedded default, usually the broker's own file).
+
+Schema::
+
+    results(task_id TEXT PRIMARY KEY, content_type, data BLOB, expires REAL)
+
+``expires`` is unix time (NULL: never). Readers ignore expired rows; ``cleanup`` deletes
+them (the worker calls it on its Timer). Writers ring the ``results`` doorbell, so
+``AsyncResult.get()`` sleeps until a result is written instead of polling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._sqlite import Database, Doorbell, Listener, path_from_url
+from .base import ResultBackend
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    task_id TEXT PRIMARY KEY,
+    content_type TEXT NOT NULL,
+    data BLOB NOT NULL,
+    expires REAL
+);
+CREATE INDEX IF NOT EXISTS results_expires ON results (expires) WHERE expires IS NOT NULL
+"""
+
+
+class SQLiteBackend(ResultBackend):
+    scheme = "sqlite"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        self.path = path_from_url(url)
+        self.db = Database(self.path, SCHEMA)
+        self.bell = Doorbell(self.path, "results")
+        self._listener: Listener | None = None
+
+    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
+             ) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO results (task_id, content_type, data, expires)"
+                " VALUES (?, ?, ?, ?)", (task_id, content_type, data, expires_at),
+            )
+        self.bell.ring()
+
+    def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        if self._listener is None:
+            # Listen before the first read, so a result written between this read and
+            # the following _wait still rings us.
+            self._listener = self.bell.listen()
+        self._listener.drain()
+        marks = ",".join("?" * len(task_ids))
+        rows = self.db.conn().execute(
+            f"SELECT task_id, content_type, data FROM results WHERE task_id IN ({marks})"
+            " AND (expires IS NULL OR expires > ?)", (*task_ids, time.time()),
+        ).fetchall()
+        return {tid: (ct, data) for tid, ct, data in rows}
+
+    def _wait(self, timeout: float) -> None:
+        if self._listener is None:
+            self._listener = self.bell.listen()
+        self._listener.wait(timeout)
+
+    def forget(self, task_id: str) -> None:
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM results WHERE task_id = ?", (task_id,))
+
+    def cleanup(self) -> int:
+        with self.db.transaction() as conn:
+            return conn.execute(
+                "DELETE FROM results WHERE expires IS NOT NULL AND expires <= ?", (time.time(),)
+            ).rowcount
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self.db.close()

@@ -1,0 +1,169 @@
+"""Every exception celeriac raises, in one tree.
+
+::
+
+    CeleriacError
+    ├── ConfigurationError          a setting, URL or argument is wrong
+    ├── NotRegistered               no task with that name in this app
+    ├── SerializationError
+    │   ├── EncodeError             a producer's arguments cannot be serialized
+    │   └── DecodeError             a message body or result cannot be decoded
+    │       └── ContentDisallowed   the content type is not in ``accept_content``
+    ├── BrokerError
+    │   ├── BrokerUnavailable       the broker cannot be reached
+    │   └── MessageTooLarge         the message exceeds ``max_message_size``
+    ├── TaskError                   raised by ``AsyncResult.get()`` and inside tasks
+    │   ├── TaskFailed              a remote exception that is not re-created locally
+    │   ├── TaskRevoked             the task was revoked or expired before it ran
+    │   ├── WorkerLostError         the process running the task died
+    │   ├── TimeLimitExceeded       the hard time limit killed the task
+    │   ├── SoftTimeLimitExceeded   raised inside a task at its soft time limit
+    │   └── MaxRetriesExceededError ``retry()`` past ``max_retries``
+    ├── ResultTimeout               ``AsyncResult.get(timeout=...)`` ran out (also a TimeoutError)
+    └── TaskControl                 control flow raised by tasks, not failures
+        ├── Retry                   run again later (``self.retry()``)
+        ├── Reject                  refuse the message (dead-letter or requeue)
+        └── Ignore                  finish without storing a state
+
+    BaseException
+    └── WorkerShutdown              asks a worker to stop (warm); never caught by ``except Exception``
+        └── WorkerTerminate         asks a worker to stop now (cold)
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+
+class CeleriacError(Exception):
+    """Base class of every celeriac error."""
+
+
+class ConfigurationError(CeleriacError):
+    """A setting, a URL or an argument is invalid."""
+
+
+class NotRegistered(CeleriacError, KeyError):
+    """No task with this name is registered in the app."""
+
+    def __str__(self) -> str:
+        return f"task {self.args[0]!r} is not registered" if self.args else "task not registered"
+
+
+class SerializationError(CeleriacError):
+    """Data could not be serialized or deserialized."""
+
+
+class EncodeError(SerializationError):
+    """A value could not be serialized; nothing was published."""
+
+
+class DecodeError(SerializationError):
+    """A message body or a stored result could not be decoded."""
+
+
+class ContentDisallowed(DecodeError):
+    """The content type is not listed in ``accept_content``."""
+
+
+class BrokerError(CeleriacError):
+    """The broker refused or failed an operation."""
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker cannot be reached."""
+
+
+class MessageTooLarge(BrokerError):
+    """The message is larger than ``max_message_size``; nothing was published."""
+
+
+class TaskError(CeleriacError):
+    """A task did not complete successfully."""
+
+
+class TaskFailed(TaskError):
+    """A task raised an exception that is not re-created on this side.
+
+    Remote exceptions are re-raised with their own type only when that type is on the
+    allow-list (builtins, celeriac's own, and ``result_exception_allowlist``); any other
+    type arrives as ``TaskFailed`` carrying its name, message and traceback.
+    """
+
+    def __init__(self, exc_type: str, message: str, traceback: str | None = None) -> None:
+        super().__init__(exc_type, message, traceback)
+        self.exc_type = exc_type
+        self.message = message
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        return f"{self.exc_type}: {self.message}"
+
+
+class TaskRevoked(TaskError):
+    """The task was revoked or expired before it ran."""
+
+
+class WorkerLostError(TaskError):
+    """The process running the task exited or was killed before it finished."""
+
+
+class TimeLimitExceeded(TaskError):
+    """The task ran past its hard time limit and was killed."""
+
+
+class SoftTimeLimitExceeded(TaskError):
+    """Raised inside a task when it reaches its soft time limit; the task may clean up."""
+
+
+class MaxRetriesExceededError(TaskError):
+    """``Task.retry()`` was called after ``max_retries`` retries."""
+
+
+class ResultTimeout(CeleriacError, TimeoutError):
+    """``AsyncResult.get()`` waited longer than its timeout."""
+
+
+class TaskControl(CeleriacError):
+    """Control flow raised from inside a task; not a failure."""
+
+
+class Retry(TaskControl):
+    """Raised by ``Task.retry()``: the task is published again to run later."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        exc: BaseException | None = None,
+        when: float | datetime | None = None,
+    ) -> None:
+        super().__init__(message, exc, when)
+        self.message = message
+        self.exc = exc
+        self.when = when
+
+    def __str__(self) -> str:
+        reason = self.message or (repr(self.exc) if self.exc else "retry requested")
+        return f"Retry in {self.when}s: {reason}" if self.when is not None else f"Retry: {reason}"
+
+
+class Reject(TaskControl):
+    """Refuse the message: dead-lettered, or put back on its queue if ``requeue``."""
+
+    def __init__(self, reason: Any = None, requeue: bool = False) -> None:
+        super().__init__(reason, requeue)
+        self.reason = reason
+        self.requeue = requeue
+
+
+class Ignore(TaskControl):
+    """Finish without storing a state; the message is acknowledged."""
+
+
+class WorkerShutdown(BaseException):  # noqa: N818 - named like Celery's
+    """Ask the worker to stop after running tasks finish (warm shutdown)."""
+
+
+class WorkerTerminate(WorkerShutdown):
+    """Ask the worker to stop at once (cold shutdown); running tasks are redelivered."""

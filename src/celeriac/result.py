@@ -1,0 +1,173 @@
+"""``AsyncResult``: the caller's handle on a task's state and return value."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from . import errors, states
+from .backends.base import ResultMeta
+from .errors import ResultTimeout, TaskFailed, TaskRevoked
+
+if TYPE_CHECKING:
+    from .app import Celeriac
+
+R = TypeVar("R")
+
+
+class AsyncResult(Generic[R]):
+    """A task's state and outcome as stored by the result backend."""
+
+    def __init__(self, id: str, app: Celeriac, task_name: str | None = None) -> None:
+        if not isinstance(id, str) or not id:
+            raise ValueError(f"id must be a non-empty string, got {id!r}")
+        self.id = id
+        self.app = app
+        self.task_name = task_name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AsyncResult) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def _meta(self) -> ResultMeta | None:
+        return self.app.backend.get(self.id)
+
+    @property
+    def state(self) -> str:
+        meta = self._meta()
+        return meta.state if meta else states.PENDING
+
+    status = state
+
+    @property
+    def result(self) -> Any:
+        """The return value, or the exception for a failed task; None while not ready."""
+        meta = self._meta()
+        if meta is None:
+            return None
+        if meta.state in states.EXCEPTION_STATES:
+            return self._exception(meta)
+        return meta.result
+
+    @property
+    def traceback(self) -> str | None:
+        meta = self._meta()
+        return meta.traceback if meta else None
+
+    def ready(self) -> bool:
+        return self.state in states.READY_STATES
+
+    def successful(self) -> bool:
+        return self.state == states.SUCCESS
+
+    def failed(self) -> bool:
+        return self.state == states.FAILURE
+
+    def forget(self) -> None:
+        self.app.backend.forget(self.id)
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> R:
+        """Wait for the task to finish and return its value.
+
+        A failed task re-raises its exception when ``propagate`` (the default); otherwise
+        the exception is returned. Raises ``ResultTimeout`` after ``timeout`` seconds.
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        meta = self.app.backend.wait_for([self.id], timeout).get(self.id)
+        if meta is None:
+            raise ResultTimeout(f"task {self.id} not ready after {timeout}s")
+        return self._outcome(meta, propagate)
+
+    async def aget(self, timeout: float | None = None, propagate: bool = True) -> R:
+        """``get()`` for async code; waits in a thread so the event loop keeps running."""
+        return await asyncio.to_thread(self.get, timeout, propagate)
+
+    def _outcome(self, meta: ResultMeta, propagate: bool) -> Any:
+        if meta.state == states.SUCCESS:
+            return meta.result
+        exc = self._exception(meta)
+        if propagate:
+            raise exc
+        return exc
+
+    def _exception(self, meta: ResultMeta) -> BaseException:
+        if isinstance(meta.result, BaseException):  # eager results keep the real object
+            return meta.result
+        if meta.state == states.REVOKED:
+            return TaskRevoked(f"task {self.id} was revoked: {_message(meta.result)}")
+        return rebuild_exception(meta.result, meta.traceback,
+                                 self.app.settings.result_exception_allowlist)
+
+
+def _message(data: Any) -> str:
+    if isinstance(data, dict):
+        msg = data.get("exc_message")
+        return " ".join(map(str, msg)) if isinstance(msg, list) else str(msg)
+    return str(data)
+
+
+_CELERIAC_EXCEPTIONS = {
+    name: obj for name, obj in vars(errors).items()
+    if isinstance(obj, type) and issubclass(obj, Exception)
+}
+
+
+def rebuild_exception(
+    data: Any, traceback: str | None, allowlist: tuple[type[BaseException], ...] = ()
+) -> BaseException:
+    """Re-create a stored exception if its type is allowed, else a ``TaskFailed``.
+
+    Allowed: builtin exceptions, celeriac's own, and the classes in ``allowlist``. Nothing
+    is ever imported on the say-so of the stored data.
+    """
+    if not isinstance(data, dict):
+        return TaskFailed("Exception", str(data), traceback)
+    exc_type = str(data.get("exc_type", "Exception"))
+    module = data.get("exc_module")
+    args = data.get("exc_message", [])
+    args = args if isinstance(args, list) else [args]
+    cls: type[BaseException] | None = None
+    if module == "builtins":
+        candidate = getattr(builtins, exc_type, None)
+        if isinstance(candidate, type) and issubclass(candidate, Exception):
+            cls = candidate
+    elif module == errors.__name__:
+        cls = _CELERIAC_EXCEPTIONS.get(exc_type)
+    else:
+        cls = next((c for c in allowlist
+                    if c.__qualname__ == exc_type and c.__module__ == module), None)
+    if cls is not None:
+        try:
+            exc = cls(*args)
+        except Exception:
+            exc = None
+        if exc is not None:
+            exc.__notes__ = [f"raised remotely:\n{traceback}"] if traceback else []
+            return exc
+    message = " ".join(map(str, args))
+    name = exc_type if not module or module == "builtins" else f"{module}.{exc_type}"
+    return TaskFailed(name, message, traceback)
+
+
+class EagerResult(AsyncResult[R]):
+    """The outcome of ``Task.apply()``: already known, nothing stored."""
+
+    def __init__(self, id: str, app: Celeriac, task_name: str, meta: ResultMeta) -> None:
+        super().__init__(id, app, task_name)
+        self._eager_meta = meta
+
+    def _meta(self) -> ResultMeta | None:
+        return self._eager_meta
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> R:
+        return self._outcome(self._eager_meta, propagate)
+
+    def forget(self) -> None:
+        pass

@@ -1,0 +1,249 @@
+"""``Task``: a function registered with an app, callable locally or through the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+import reprlib
+import traceback as tb
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from . import states
+from .backends.base import ResultMeta
+from .errors import Ignore, MaxRetriesExceededError, Retry
+from .protocol import new_id
+
+if TYPE_CHECKING:
+    from .app import Celeriac
+    from .result import AsyncResult
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_repr = reprlib.Repr()
+_repr.maxstring = 256
+_repr.maxother = 256
+
+
+@dataclass(slots=False)
+class Request:
+    """What ``self.request`` shows a bound task about the current call."""
+
+    id: str = ""
+    task: str = ""
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    retries: int = 0
+    eta: str | None = None
+    expires: str | None = None
+    root_id: str | None = None
+    parent_id: str | None = None
+    group: str | None = None
+    hostname: str | None = None
+    delivery_info: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    timelimit: tuple[float | None, float | None] = (None, None)
+    is_eager: bool = False
+    called_directly: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    name: str
+    bind: bool = False
+    queue: str | None = None
+    priority: int | None = None
+    max_retries: int | None = None
+    default_retry_delay: float | None = None
+    autoretry_for: tuple[type[BaseException], ...] = ()
+    retry_backoff: bool | float = False
+    retry_backoff_max: float = 600.0
+    retry_jitter: bool = True
+    acks_late: bool | None = None
+    time_limit: float | None = None
+    soft_time_limit: float | None = None
+    ignore_result: bool | None = None
+    expires: float | timedelta | datetime | None = None
+    serializer: str | None = None
+    track_started: bool | None = None
+
+
+class Task(Generic[P, R]):
+    """A registered task. Call it to run it here; ``delay()`` to run it on a worker."""
+
+    def __init__(self, app: Celeriac, fn: Callable[..., R], options: TaskOptions) -> None:
+        self.app = app
+        self.fn = fn
+        self.options = options
+        self.name = options.name
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self._request: contextvars.ContextVar[Request] = contextvars.ContextVar(
+            f"celeriac.request.{self.name}", default=Request(task=self.name)
+        )
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name}>"
+
+    # -- settings resolved against the app's ----------------------------------------------
+    @property
+    def max_retries(self) -> int | None:
+        o = self.options.max_retries
+        return self.app.settings.task_max_retries if o is None else o
+
+    @property
+    def acks_late(self) -> bool:
+        o = self.options.acks_late
+        return self.app.settings.task_acks_late if o is None else o
+
+    @property
+    def ignore_result(self) -> bool:
+        o = self.options.ignore_result
+        return self.app.settings.task_ignore_result if o is None else o
+
+    @property
+    def request(self) -> Request:
+        return self._request.get()
+
+    # -- running ------------------------------------------------------------------------
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function in this process, as a plain call."""
+        return self.run_with(Request(task=self.name), args, kwargs)
+
+    def run_with(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]) -> R:
+        token = self._request.set(request)
+        try:
+            if self.options.bind:
+                return self.fn(self, *args, **kwargs)
+            return self.fn(*args, **kwargs)
+        except Exception as exc:
+            if request.called_directly or not self.should_autoretry(exc):
+                raise
+            raise self.retry(exc=exc) from exc
+        finally:
+            self._request.reset(token)
+
+    # -- sending ------------------------------------------------------------------------
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]:
+        """Send the task to a worker with these arguments."""
+        return self.apply_async(args, kwargs)
+
+    async def adelay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]:
+        return await self.aapply_async(args, kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        task_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        serializer: str | None = None,
+        retries: int = 0,
+    ) -> AsyncResult[R]:
+        """Send the task with explicit options. ``countdown`` (s) or ``eta`` delay it."""
+        if self.app.settings.task_always_eager:
+            return self.apply(args, kwargs, task_id=task_id)
+        o = self.options
+        return self.app.send_task(
+            self.name, args, kwargs, countdown=countdown, eta=eta,
+            expires=expires if expires is not None else o.expires,
+            queue=queue or o.queue, priority=priority if priority is not None else o.priority,
+            task_id=task_id, headers=headers, serializer=serializer or o.serializer,
+            retries=retries, time_limit=o.time_limit, soft_time_limit=o.soft_time_limit,
+            ignore_result=self.ignore_result,
+        )
+
+    async def aapply_async(self, args: Sequence[Any] | None = None,
+                           kwargs: Mapping[str, Any] | None = None, **options: Any
+                           ) -> AsyncResult[R]:
+        """``apply_async`` for async code: the event loop never waits on the broker."""
+        return await asyncio.to_thread(self.apply_async, args, kwargs, **options)
+
+    def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+              *, task_id: str | None = None) -> AsyncResult[R]:
+        """Run the task here and now (eager), retries included; nothing is sent."""
+        from .result import EagerResult
+
+        task_id = task_id or new_id()
+        args, kwargs = list(args or ()), dict(kwargs or {})
+        retries = 0
+        while True:
+            request = Request(id=task_id, task=self.name, args=args, kwargs=kwargs,
+                              retries=retries, root_id=task_id, is_eager=True,
+                              called_directly=False)
+            try:
+                value = self.run_with(request, args, kwargs)
+                meta = ResultMeta(task_id, states.SUCCESS, value)
+            except Retry:
+                retries += 1
+                continue
+            except Ignore:
+                meta = ResultMeta(task_id, states.SUCCESS, None)
+            except Exception as exc:
+                meta = ResultMeta(task_id, states.FAILURE, exc, tb.format_exc(), retries=retries)
+            return EagerResult(task_id, self.app, self.name, meta)
+
+    # -- retrying -----------------------------------------------------------------------
+    def retry(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        exc: BaseException | None = None,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        max_retries: int | None = None,
+    ) -> Retry:
+        """Publish this call again to run later, then raise ``Retry``.
+
+        Use as ``raise self.retry(...)``. Past ``max_retries`` it raises ``exc`` (or
+        ``MaxRetriesExceededError``) instead, and the task fails.
+        """
+        request = self.request
+        limit = self.max_retries if max_retries is None else max_retries
+        if limit is not None and request.retries >= limit:
+            if exc is not None:
+                raise exc
+            raise MaxRetriesExceededError(
+                f"{self.name}[{request.id}] exceeded max_retries={limit}"
+            )
+        if countdown is None and eta is None:
+            countdown = self._retry_countdown(request.retries)
+        if request.called_directly:
+            raise Retry(exc=exc, when=countdown)  # nothing to publish outside a worker
+        if not request.is_eager:
+            new_args = request.args if args is None else args
+            new_kwargs = request.kwargs if kwargs is None else kwargs
+            self.apply_async(
+                new_args, new_kwargs, countdown=countdown, eta=eta, task_id=request.id,
+                retries=request.retries + 1, queue=request.delivery_info.get("queue"),
+                headers={"root_id": request.root_id, "parent_id": request.parent_id},
+            )
+        raise Retry(exc=exc, when=countdown if eta is None else eta)
+
+    def _retry_countdown(self, retries: int) -> float:
+        o = self.options
+        if o.retry_backoff:
+            factor = 1.0 if o.retry_backoff is True else float(o.retry_backoff)
+            countdown = min(factor * (2**retries), o.retry_backoff_max)
+            return random.uniform(0, countdown) if o.retry_jitter else countdown
+        if o.default_retry_delay is not None:
+            return o.default_retry_delay
+        return self.app.settings.task_default_retry_delay
+
+    def should_autoretry(self, exc: BaseException) -> bool:
+        return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
+
+
+def args_repr(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    return _repr.repr(tuple(args)), _repr.repr(dict(kwargs))

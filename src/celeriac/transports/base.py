@@ -1,0 +1,151 @@
+"""The transport interface every broker implements, and the URL -> transport registry.
+
+Producers use the synchronous methods (``publish``, ``publish_many``, admin calls) from
+ordinary code and threads. The worker's main process uses the ``async`` methods on its
+event loop. Semantics every transport keeps (and ``tests/contracts`` checks):
+
+- ``fetch`` hands a message to one consumer at a time; until that consumer acks,
+  rejects or dead-letters it, the message is owned by the consumer.
+- A consumer that stops heartbeating (``heartbeat``) for ``worker_lease_timeout`` is dead:
+  any live consumer's heartbeat returns the dead one's messages to their queues, and their
+  ``delivery_count`` grows by one on the next delivery. A long task on a live consumer is
+  never handed out twice.
+- ``publish(..., delay=s)`` stores the message in the broker until it is due.
+- Priorities 0-9, higher first; FIFO within a priority.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError, MessageTooLarge
+from ..protocol import Delivery, Message
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    id: int | str
+    queue: str
+    reason: str
+    message: Message
+    delivery_count: int
+    dead_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    queue: str
+    message: Message
+    delay: float | None = None
+
+
+class Transport(abc.ABC):
+    scheme: ClassVar[str]
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
+        self.settings = settings
+        self.consumer_id: str | None = None
+
+    # -- producer side (synchronous, thread-safe) ---------------------------------------
+    def publish(self, queue: str, message: Message, *, delay: float | None = None) -> None:
+        self.publish_many([Outgoing(queue, message, delay)])
+
+    @abc.abstractmethod
+    def publish_many(self, items: Sequence[Outgoing]) -> None:
+        """Publish all items; on return every one of them is durable in the broker."""
+
+    def check_size(self, message: Message) -> None:
+        size = len(message.body)
+        if size > self.settings.max_message_size:
+            raise MessageTooLarge(
+                f"message for task {message.headers.get('task')!r} is {size} bytes, over "
+                f"max_message_size={self.settings.max_message_size}; nothing was published"
+            )
+
+    # -- consumer side (the worker's event loop) ----------------------------------------
+    async def connect(self, consumer_id: str) -> None:
+        """Register as a consumer; its lease starts now."""
+        self.consumer_id = consumer_id
+
+    @abc.abstractmethod
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        """Up to ``limit`` messages from ``queues``; waits up to ``timeout`` s for the first."""
+
+    @abc.abstractmethod
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Forget these messages: they were handled."""
+
+    @abc.abstractmethod
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+        """Return messages to their queues. ``redelivered=False`` gives back messages that
+        were never started, so the delivery does not count against ``task_max_deliveries``."""
+
+    @abc.abstractmethod
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a message to the dead-letter store with the reason."""
+
+    @abc.abstractmethod
+    async def heartbeat(self) -> int:
+        """Renew this consumer's lease; return the count of dead consumers' messages
+        returned to their queues."""
+
+    async def disconnect(self) -> None:
+        """Stop consuming. Messages still owned return to their queues uncounted."""
+
+    # -- administration (synchronous) ---------------------------------------------------
+    @abc.abstractmethod
+    def queue_length(self, queue: str) -> int:
+        """Messages ready in ``queue`` (not delayed, not owned)."""
+
+    @abc.abstractmethod
+    def purge(self, queue: str) -> int:
+        """Delete ready and delayed messages of ``queue``; returns how many."""
+
+    @abc.abstractmethod
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The oldest dead letters first."""
+
+    def close(self) -> None:
+        """Release connections held by this process."""
+
+
+_REGISTRY: dict[str, Callable[[str, Settings], Transport]] = {}
+
+
+def register(scheme: str, factory: Callable[[str, Settings], Transport]) -> None:
+    _REGISTRY[scheme] = factory
+
+
+def known_schemes() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    if _REGISTRY:
+        return
+    from . import memory, sqlite
+
+    register("memory", memory.MemoryTransport)
+    register("sqlite", sqlite.SQLiteTransport)
+
+
+def create_transport(url: str, settings: Settings) -> Transport:
+    """The transport for ``url`` (the first of several ``;``-separated URLs)."""
+    first = url.split(";")[0].strip()
+    scheme = urlsplit(first).scheme
+    schemes = known_schemes()
+    if scheme not in _REGISTRY:
+        raise ConfigurationError(
+            f"unknown broker URL scheme {scheme!r} in {first!r}; known: "
+            + ", ".join(f"{s}://" for s in schemes)
+        )
+    return _REGISTRY[scheme](first, settings)

@@ -1,0 +1,228 @@
+"""In-process broker for unit tests and eager mode. Not durable, one process only.
+
+Transports created with the same URL (``memory://``, ``memory://name``) share one broker,
+so a producer and a worker in one process (tests) talk to each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..protocol import Delivery, Message
+from .base import DeadLetter, Outgoing, Transport
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+
+@dataclass
+class _Record:
+    id: int
+    queue: str
+    message: Message
+    deliveries: int = 0
+    owner: str | None = None
+
+
+@dataclass
+class _Broker:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # queue -> heap of (-priority, id, record)
+    ready: dict[str, list[tuple[int, int, _Record]]] = field(default_factory=dict)
+    delayed: list[tuple[float, int, _Record]] = field(default_factory=list)
+    owned: dict[int, _Record] = field(default_factory=dict)
+    leases: dict[str, float] = field(default_factory=dict)
+    dead: list[DeadLetter] = field(default_factory=list)
+    waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
+        default_factory=set
+    )
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def push(self, record: _Record) -> None:
+        heapq.heappush(
+            self.ready.setdefault(record.queue, []),
+            (-record.message.priority, record.id, record),
+        )
+
+    def promote(self, now: float) -> None:
+        while self.delayed and self.delayed[0][0] <= now:
+            self.push(heapq.heappop(self.delayed)[2])
+
+    def notify(self) -> None:
+        for loop, fut in list(self.waiters):
+            loop.call_soon_threadsafe(_resolve, fut)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+_BROKERS: dict[str, _Broker] = {}
+_BROKERS_LOCK = threading.Lock()
+
+
+def _broker_for(url: str) -> _Broker:
+    key = url.rstrip("/")
+    with _BROKERS_LOCK:
+        return _BROKERS.setdefault(key, _Broker())
+
+
+class MemoryTransport(Transport):
+    scheme = "memory"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        self.broker = _broker_for(url)
+
+    def publish_many(self, items: Sequence[Outgoing]) -> None:
+        for item in items:
+            self.check_size(item.message)
+        b = self.broker
+        now = time.time()
+        with b.lock:
+            for item in items:
+                record = _Record(next(b.ids), item.queue, item.message)
+                if item.delay and item.delay > 0:
+                    heapq.heappush(b.delayed, (now + item.delay, record.id, record))
+                else:
+                    b.push(record)
+            b.notify()
+
+    async def connect(self, consumer_id: str) -> None:
+        await super().connect(consumer_id)
+        await self.heartbeat()
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        b = self.broker
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            with b.lock:
+                b.promote(time.time())
+                out = self._take(queues, limit)
+                if out:
+                    return out
+                next_eta = b.delayed[0][0] if b.delayed else None
+                b.waiters.add((loop, fut))
+            try:
+                wait = deadline - time.monotonic()
+                if next_eta is not None:
+                    wait = min(wait, next_eta - time.time())
+                if deadline - time.monotonic() <= 0:
+                    return []
+                try:
+                    await asyncio.wait_for(fut, max(wait, 0.0))
+                except TimeoutError:
+                    pass
+            finally:
+                with b.lock:
+                    b.waiters.discard((loop, fut))
+
+    def _take(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        b = self.broker
+        out: list[Delivery] = []
+        while len(out) < limit:
+            # Highest priority head among the queues; ties go to the oldest message.
+            heads = [(h[0][0], h[0][1], q) for q in queues if (h := b.ready.get(q))]
+            if not heads:
+                break
+            queue = min(heads)[2]
+            record = heapq.heappop(b.ready[queue])[2]
+            record.deliveries += 1
+            record.owner = self.consumer_id
+            b.owned[record.id] = record
+            out.append(Delivery(record.message, record.queue, record.id, record.deliveries))
+        return out
+
+    def _owned(self, delivery: Delivery) -> _Record | None:
+        record = self.broker.owned.get(delivery.tag)
+        return record if record is not None and record.owner == self.consumer_id else None
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        with self.broker.lock:
+            for d in deliveries:
+                if self._owned(d):
+                    del self.broker.owned[d.tag]
+
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+        b = self.broker
+        with b.lock:
+            for d in deliveries:
+                record = self._owned(d)
+                if record is None:
+                    continue
+                del b.owned[d.tag]
+                record.owner = None
+                if not redelivered:
+                    record.deliveries -= 1
+                b.push(record)
+            b.notify()
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        b = self.broker
+        with b.lock:
+            record = self._owned(delivery)
+            if record is not None:
+                del b.owned[delivery.tag]
+                b.dead.append(DeadLetter(record.id, record.queue, reason, record.message,
+                                         record.deliveries, time.time()))
+
+    async def heartbeat(self) -> int:
+        b = self.broker
+        now = time.time()
+        restored = 0
+        with b.lock:
+            assert self.consumer_id is not None
+            b.leases[self.consumer_id] = now + self.settings.worker_lease_timeout
+            dead = {c for c, expires in b.leases.items() if expires < now}
+            for c in dead:
+                del b.leases[c]
+            for rid, record in list(b.owned.items()):
+                if record.owner not in b.leases:
+                    del b.owned[rid]
+                    record.owner = None
+                    b.push(record)
+                    restored += 1
+            if restored:
+                b.notify()
+        return restored
+
+    async def disconnect(self) -> None:
+        b = self.broker
+        with b.lock:
+            for rid, record in list(b.owned.items()):
+                if record.owner == self.consumer_id:
+                    del b.owned[rid]
+                    record.owner = None
+                    record.deliveries -= 1
+                    b.push(record)
+            if self.consumer_id is not None:
+                b.leases.pop(self.consumer_id, None)
+            b.notify()
+
+    def queue_length(self, queue: str) -> int:
+        with self.broker.lock:
+            return len(self.broker.ready.get(queue, ()))
+
+    def purge(self, queue: str) -> int:
+        b = self.broker
+        with b.lock:
+            n = len(b.ready.pop(queue, ()))
+            kept = [e for e in b.delayed if e[2].queue != queue]
+            n += len(b.delayed) - len(kept)
+            b.delayed = kept
+            heapq.heapify(b.delayed)
+            return n
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        with self.broker.lock:
+            return list(self.broker.dead[:limit])

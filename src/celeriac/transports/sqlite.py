@@ -1,0 +1,244 @@
+"""The embedded broker: one SQLite file (WAL) shared by every process on one machine.
+
+Schema::
+
+    messages      one row per message. owner IS NULL and eta IS NULL: ready;
+                  eta set: delayed until eta (unix time); owner set: delivered to
+                  that consumer and not yet acked. deliveries counts hand-outs.
+    consumers     live consumers and when their lease runs out.
+    dead_letters  messages refused by a worker, with the reason.
+
+A fetch is one write transaction: promote the due delayed messages, then claim up to
+``limit`` ready ones by setting ``owner``. Ownership is the lease: a consumer renews
+``consumers.expires`` on every heartbeat, and any consumer's heartbeat hands the messages
+of expired consumers back to their queues in one statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._sqlite import Database, Doorbell, Listener, path_from_url
+from ..errors import DecodeError
+from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
+from .base import DeadLetter, Outgoing, Transport
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+logger = logging.getLogger("celeriac.transports.sqlite")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    eta REAL,
+    owner TEXT,
+    deliveries INTEGER NOT NULL DEFAULT 0,
+    envelope BLOB NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_ready ON messages (queue, priority DESC, id)
+    WHERE owner IS NULL AND eta IS NULL;
+CREATE INDEX IF NOT EXISTS messages_delayed ON messages (eta) WHERE eta IS NOT NULL;
+CREATE INDEX IF NOT EXISTS messages_owned ON messages (owner) WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS consumers (
+    id TEXT PRIMARY KEY,
+    expires REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    deliveries INTEGER NOT NULL,
+    dead_at REAL NOT NULL,
+    envelope BLOB NOT NULL,
+    body BLOB NOT NULL
+)
+"""
+
+# Safety net only: every publish rings the doorbell, so an idle consumer wakes at once.
+_IDLE_RECHECK = 1.0
+
+
+class SQLiteTransport(Transport):
+    scheme = "sqlite"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        self.path = path_from_url(url)
+        self.db = Database(self.path, SCHEMA)
+        self.bell = Doorbell(self.path, "messages")
+        self._listener: Listener | None = None
+
+    # -- producer -----------------------------------------------------------------------
+    def publish_many(self, items: Sequence[Outgoing]) -> None:
+        for item in items:
+            self.check_size(item.message)
+        now = time.time()
+        rows = [
+            (
+                item.queue,
+                item.message.priority,
+                now + item.delay if item.delay and item.delay > 0 else None,
+                item.message.envelope(),
+                item.message.body,
+            )
+            for item in items
+        ]
+        with self.db.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO messages (queue, priority, eta, envelope, body) VALUES (?,?,?,?,?)",
+                rows,
+            )
+        self.bell.ring()
+
+    # -- consumer -----------------------------------------------------------------------
+    async def connect(self, consumer_id: str) -> None:
+        await super().connect(consumer_id)
+        self._listener = self.bell.listen()
+        self._renew()
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        assert self._listener is not None, "connect() first"
+        deadline = time.monotonic() + timeout
+        while True:
+            # Drain before claiming: a ring that lands after the claim wakes the next wait.
+            self._listener.drain()
+            deliveries, next_eta = self._claim(queues, limit)
+            if deliveries:
+                return deliveries
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            wait = min(remaining, _IDLE_RECHECK)
+            if next_eta is not None:
+                wait = min(wait, max(next_eta - time.time(), 0.0))
+            await self._listener.wait_async(wait)
+
+    def _claim(self, queues: Sequence[str], limit: int) -> tuple[list[Delivery], float | None]:
+        conn = self.db.conn()
+        marks = ",".join("?" * len(queues))
+        now = time.time()
+        # A read first: an idle consumer must not take the write lock on every wake-up.
+        ready, next_eta = conn.execute(
+            f"SELECT EXISTS(SELECT 1 FROM messages WHERE owner IS NULL AND eta IS NULL"
+            f" AND queue IN ({marks})), (SELECT min(eta) FROM messages WHERE eta IS NOT NULL)",
+            (*queues,),
+        ).fetchone()
+        if not ready and (next_eta is None or next_eta > now):
+            return [], next_eta
+        with self.db.transaction(conn):
+            conn.execute("UPDATE messages SET eta = NULL WHERE eta IS NOT NULL AND eta <= ?",
+                         (now,))
+            rows = conn.execute(
+                f"UPDATE messages SET owner = ?, deliveries = deliveries + 1 WHERE id IN ("
+                f" SELECT id FROM messages WHERE owner IS NULL AND eta IS NULL"
+                f" AND queue IN ({marks}) ORDER BY priority DESC, id LIMIT ?)"
+                f" RETURNING id, queue, priority, deliveries, envelope, body",
+                (self.consumer_id, *queues, limit),
+            ).fetchall()
+        rows.sort(key=lambda r: (-r[2], r[0]))  # RETURNING order is unspecified
+        return [
+            Delivery(_message(envelope, body), queue, rid, deliveries)
+            for rid, queue, _prio, deliveries, envelope, body in rows
+        ], None
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        ids = [(d.tag, self.consumer_id) for d in deliveries]
+        with self.db.transaction() as conn:
+            conn.executemany("DELETE FROM messages WHERE id = ? AND owner = ?", ids)
+
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+        uncount = 0 if redelivered else 1
+        with self.db.transaction() as conn:
+            conn.executemany(
+                "UPDATE messages SET owner = NULL, deliveries = max(deliveries - ?, 0)"
+                " WHERE id = ? AND owner = ?",
+                [(uncount, d.tag, self.consumer_id) for d in deliveries],
+            )
+        self.bell.ring()
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO dead_letters (queue, reason, deliveries, dead_at, envelope, body)"
+                " SELECT queue, ?, deliveries, ?, envelope, body FROM messages"
+                " WHERE id = ? AND owner = ?",
+                (reason, time.time(), delivery.tag, self.consumer_id),
+            )
+            conn.execute("DELETE FROM messages WHERE id = ? AND owner = ?",
+                         (delivery.tag, self.consumer_id))
+
+    async def heartbeat(self) -> int:
+        return self._renew()
+
+    def _renew(self) -> int:
+        now = time.time()
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO consumers (id, expires) VALUES (?, ?)",
+                (self.consumer_id, now + self.settings.worker_lease_timeout),
+            )
+            conn.execute("DELETE FROM consumers WHERE expires < ?", (now,))
+            restored = conn.execute(
+                "UPDATE messages SET owner = NULL WHERE owner IS NOT NULL"
+                " AND owner NOT IN (SELECT id FROM consumers)"
+            ).rowcount
+        if restored:
+            logger.warning("returned %d message(s) of dead consumers to their queues", restored)
+            self.bell.ring()
+        return restored
+
+    async def disconnect(self) -> None:
+        if self.consumer_id is not None:
+            with self.db.transaction() as conn:
+                given_back = conn.execute(
+                    "UPDATE messages SET owner = NULL, deliveries = max(deliveries - 1, 0)"
+                    " WHERE owner = ?", (self.consumer_id,)
+                ).rowcount
+                conn.execute("DELETE FROM consumers WHERE id = ?", (self.consumer_id,))
+            if given_back:
+                self.bell.ring()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    # -- administration -----------------------------------------------------------------
+    def queue_length(self, queue: str) -> int:
+        row = self.db.conn().execute(
+            "SELECT count(*) FROM messages WHERE queue = ? AND owner IS NULL AND eta IS NULL",
+            (queue,),
+        ).fetchone()
+        return int(row[0])
+
+    def purge(self, queue: str) -> int:
+        with self.db.transaction() as conn:
+            return conn.execute(
+                "DELETE FROM messages WHERE queue = ? AND owner IS NULL", (queue,)
+            ).rowcount
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        rows = self.db.conn().execute(
+            "SELECT id, queue, reason, deliveries, dead_at, envelope, body FROM dead_letters"
+            " ORDER BY id LIMIT ?", (limit,),
+        ).fetchall()
+        return [DeadLetter(r[0], r[1], r[2], _message(r[5], r[6]), r[3], r[4]) for r in rows]
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self.db.close()
+
+
+def _message(envelope: bytes, body: bytes) -> Message:
+    try:
+        return Message.from_envelope(envelope, body)
+    except DecodeError as exc:
+        # Keep the bytes: the consumer dead-letters it with this reason.
+        return Message({DECODE_ERROR_HEADER: str(exc)}, body, "application/data")

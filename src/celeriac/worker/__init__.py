@@ -1,0 +1,144 @@
+"""The worker: one main process running an asyncio loop (the Hub) and a Blueprint of Steps.
+
+``Worker.run()`` blocks until a shutdown signal: SIGTERM or the first SIGINT (Ctrl-C)
+asks for a warm shutdown (stop taking messages, give back the prefetched ones, let
+running tasks finish, exit 0); SIGQUIT or a second SIGINT asks for a cold one (give back
+every message this worker holds, running ones included, and exit at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .blueprint import Blueprint, Step
+from .execute import Job, Outcome
+from .pool import POOLS
+from .steps import DEFAULT_STEPS
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+    from .consumer import Consumer
+    from .pool.base import Pool
+    from .timer import Timer
+
+logger = logging.getLogger("celeriac.worker")
+
+
+class Worker:
+    def __init__(
+        self,
+        app: Celeriac,
+        *,
+        hostname: str | None = None,
+        concurrency: int | None = None,
+        queues: Sequence[str] | None = None,
+        pool: str | None = None,
+        steps: Sequence[type[Step]] = DEFAULT_STEPS,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        pool = pool or app.settings.worker_pool
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {sorted(POOLS)}, got {pool!r}")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        self.app = app
+        self.hostname = hostname or f"celeriac@{socket.gethostname()}"
+        self.id = f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.pool_name = pool
+        if concurrency is None:
+            concurrency = app.settings.worker_concurrency
+        if concurrency is None:
+            concurrency = 1 if pool == "solo" else os.cpu_count() or 1
+        self.concurrency = concurrency
+        self.queues = list(queues or [app.settings.task_default_queue])
+        self.blueprint = Blueprint(steps)
+        self.steps: dict[type[Step], Step] = {}
+        self.install_signal_handlers = install_signal_handlers
+        self.timer: Timer
+        self.pool: Pool
+        self.consumer: Consumer
+        self._shutdown: asyncio.Future[bool] | None = None  # result: cold?
+        self._interrupts = 0
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.hostname} pool={self.pool_name}x{self.concurrency}>"
+
+    def on_job_done(self, job: Job, outcome: Outcome) -> None:
+        self.consumer.on_job_done(job, outcome)
+
+    # -- running ------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until a shutdown signal; returns the process exit code."""
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(self.run_async())
+        return uvloop.run(self.run_async())  # type: ignore[no-any-return]
+
+    async def run_async(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._shutdown = loop.create_future()
+        if self.install_signal_handlers:
+            self._install_signals(loop)
+        self.app.hooks.call("before_worker_start", self)
+        await self.blueprint.start(self)
+        logger.info("%s ready: queues %s, pool %s x%d", self.hostname, ",".join(self.queues),
+                    self.pool_name, self.concurrency)
+        self.app.hooks.call("after_worker_start", self)
+        cold = await self._shutdown
+        self.app.hooks.call("before_worker_stop", self)
+        if cold:
+            # A second Ctrl-C during the warm stop lands here too: the warm stop is
+            # abandoned for the cold one.
+            await self.blueprint.stop(cold=True)
+        else:
+            stopping = loop.create_task(self.blueprint.stop())
+            self._shutdown = loop.create_future()
+            done, _ = await asyncio.wait({stopping, self._shutdown},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if stopping not in done:
+                logger.warning("cold shutdown requested during warm shutdown")
+                stopping.cancel()
+                await asyncio.gather(stopping, return_exceptions=True)
+                await self.blueprint.stop(cold=True)
+        self.app.hooks.call("after_worker_stop", self)
+        self.app.close()
+        logger.info("%s stopped", self.hostname)
+        return 0
+
+    def shutdown(self, cold: bool = False) -> None:
+        """Ask the running worker to stop (thread-safe within its loop only)."""
+        if self._shutdown is not None and not self._shutdown.done():
+            self._shutdown.set_result(cold)
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        def interrupt() -> None:
+            self._interrupts += 1
+            cold = self._interrupts > 1
+            logger.warning("%s: %s shutdown", "SIGINT", "cold" if cold else "warm")
+            self.shutdown(cold)
+
+        def term() -> None:
+            logger.warning("SIGTERM: warm shutdown")
+            self._interrupts = max(self._interrupts, 1)
+            self.shutdown(False)
+
+        def quit_() -> None:
+            logger.warning("SIGQUIT: cold shutdown")
+            self.shutdown(True)
+
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+        loop.add_signal_handler(signal.SIGTERM, term)
+        loop.add_signal_handler(signal.SIGQUIT, quit_)
+
+
+
+
+__all__ = ["Worker"]

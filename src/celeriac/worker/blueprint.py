@@ -1,0 +1,88 @@
+"""Blueprint of Steps: the worker's parts, started in dependency order.
+
+A ``Step`` names the steps it needs in ``requires``; the blueprint adds those it was not
+given, sorts them so every step starts after what it requires, starts them in that
+order and stops them in reverse. If a step fails to start, the ones already started are
+stopped (in reverse) before the error propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from . import Worker
+
+logger = logging.getLogger("celeriac.worker.blueprint")
+
+
+class Step:
+    requires: ClassVar[tuple[type[Step], ...]] = ()
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    async def start(self) -> None:
+        """Bring the step up; the steps it requires are already running."""
+
+    async def stop(self) -> None:
+        """Warm stop: finish what is in hand. Steps that require this one are stopped."""
+
+    async def terminate(self) -> None:
+        """Cold stop: give work back and stop now. Defaults to ``stop``."""
+        await self.stop()
+
+
+def order(steps: Iterable[type[Step]]) -> list[type[Step]]:
+    """Topological order of ``steps`` and everything they require; stable for ties."""
+    result: list[type[Step]] = []
+    visiting: set[type[Step]] = set()
+
+    def visit(step: type[Step]) -> None:
+        if step in result:
+            return
+        if step in visiting:
+            raise ValueError(f"steps require each other in a cycle through {step.__name__}")
+        visiting.add(step)
+        for dep in step.requires:
+            visit(dep)
+        visiting.discard(step)
+        result.append(step)
+
+    for step in steps:
+        visit(step)
+    return result
+
+
+class Blueprint:
+    def __init__(self, steps: Iterable[type[Step]]) -> None:
+        self.order = order(steps)
+        self.started: list[Step] = []
+
+    async def start(self, worker: Worker) -> None:
+        for cls in self.order:
+            step = cls(worker)
+            worker.steps[cls] = step
+            logger.debug("starting %s", step.name)
+            try:
+                await step.start()
+            except BaseException:
+                logger.error("step %s failed to start; stopping the others", step.name)
+                await self.stop(cold=True)
+                raise
+            self.started.append(step)
+
+    async def stop(self, cold: bool = False) -> None:
+        while self.started:
+            step = self.started.pop()
+            logger.debug("stopping %s", step.name)
+            try:
+                await (step.terminate() if cold else step.stop())
+            except Exception:
+                logger.exception("step %s failed to stop", step.name)

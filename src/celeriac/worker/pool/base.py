@@ -1,0 +1,55 @@
+"""The pool interface: where the worker's main process sends jobs to be executed.
+
+The consumer submits a ``Job`` only while ``free_slots() > 0`` and is called back with
+the job and its ``Outcome`` on the event loop when the job is done. A pool never holds
+queued jobs of its own: prefetched messages wait in the consumer, where shutdown can give
+them back.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..execute import Job, Outcome
+
+if TYPE_CHECKING:
+    from ...app import Celeriac
+
+OnDone = Callable[[Job, Outcome], None]
+
+
+class Pool(abc.ABC):
+    def __init__(self, app: Celeriac, concurrency: int, on_done: OnDone) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        self.app = app
+        self.concurrency = concurrency
+        self.on_done = on_done
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def submit(self, job: Job) -> None:
+        """Start ``job``; only called while ``free_slots() > 0``."""
+
+    @abc.abstractmethod
+    def free_slots(self) -> int: ...
+
+    @abc.abstractmethod
+    def running(self) -> list[Job]:
+        """Jobs submitted and not yet reported done."""
+
+    @abc.abstractmethod
+    async def join(self) -> None:
+        """Wait until every running job is reported done."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop after running jobs finish (call ``join`` first for a warm stop)."""
+
+    @abc.abstractmethod
+    async def terminate(self) -> None:
+        """Stop now; running jobs are abandoned and never reported done."""

@@ -1,0 +1,74 @@
+"""The solo pool: one task at a time, in one executor thread of the worker process.
+
+The task runs off the event loop so that heartbeats (the worker's lease on its messages),
+acks and signals are handled while it runs: a long task on a live solo worker keeps its
+lease and is never redelivered. The thread is a daemon so that a cold shutdown does not
+wait for the task. No time limits are enforced here; use the prefork pool for those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+
+from ..execute import Job, Outcome, execute
+from .base import Pool
+
+logger = logging.getLogger("celeriac.worker.pool.solo")
+
+_STOP = None
+
+
+class SoloPool(Pool):
+    async def start(self) -> None:
+        if self.concurrency != 1:
+            logger.warning("the solo pool runs one task at a time; ignoring concurrency=%d",
+                           self.concurrency)
+            self.concurrency = 1
+        self._loop = asyncio.get_running_loop()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._current: Job | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._work, name="celeriac-solo", daemon=True)
+        self._thread.start()
+        self.app.hooks.call("worker_process_init")
+
+    def submit(self, job: Job) -> None:
+        self._current = job
+        self._idle.clear()
+        self._jobs.put(job)
+
+    def free_slots(self) -> int:
+        return 0 if self._current is not None else 1
+
+    def running(self) -> list[Job]:
+        return [self._current] if self._current is not None else []
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not _STOP:
+            try:
+                outcome = execute(self.app, job)
+            except BaseException as exc:  # noqa: BLE001 - reported, never lost
+                logger.exception("Task %s[%s] crashed the executor", job.headers.get("task"),
+                                 job.headers.get("id"))
+                outcome = Outcome("requeue", reason=repr(exc))
+            self._loop.call_soon_threadsafe(self._done, job, outcome)
+
+    def _done(self, job: Job, outcome: Outcome) -> None:
+        self._current = None
+        self._idle.set()
+        self.on_done(job, outcome)
+
+    async def join(self) -> None:
+        await self._idle.wait()
+
+    async def stop(self) -> None:
+        self._jobs.put(_STOP)
+        await asyncio.to_thread(self._thread.join, 5.0)
+
+    async def terminate(self) -> None:
+        self._current = None
+        self._jobs.put(_STOP)  # the daemon thread dies with the process if still busy

@@ -1,0 +1,103 @@
+"""The worker's default steps: Timer -> Pool -> Consumer, and Heart beside the Consumer."""
+
+from __future__ import annotations
+
+import logging
+
+from .blueprint import Step
+from .consumer import Consumer
+from .pool import POOLS
+from .pool.base import Pool
+from .timer import Timer
+
+logger = logging.getLogger("celeriac.worker.steps")
+
+
+class TimerStep(Step):
+    async def start(self) -> None:
+        self.worker.timer = Timer()
+
+    async def stop(self) -> None:
+        self.worker.timer.cancel_all()
+
+
+class PoolStep(Step):
+    requires = (TimerStep,)
+
+    async def start(self) -> None:
+        w = self.worker
+        cls = POOLS[w.pool_name]
+        self.pool: Pool = cls(w.app, w.concurrency, w.on_job_done)
+        w.pool = self.pool
+        await self.pool.start()
+
+    async def stop(self) -> None:
+        await self.pool.join()
+        await self.pool.stop()
+
+    async def terminate(self) -> None:
+        await self.pool.terminate()
+
+
+class ConsumerStep(Step):
+    """Connects to the broker as this worker and feeds the pool."""
+
+    requires = (PoolStep,)
+
+    async def start(self) -> None:
+        w = self.worker
+        self.transport = w.app.transport
+        await self.transport.connect(w.id)
+        self.consumer = Consumer(w, self.transport, w.pool)
+        w.consumer = self.consumer
+        self.consumer.start()
+
+    async def stop(self) -> None:
+        c = self.consumer
+        await c.stop_fetching()
+        given_back = await c.give_back_reserved()
+        running = len(c.worker.pool.running())
+        logger.warning("warm shutdown: %d task(s) running, %d prefetched message(s) given back",
+                       running, given_back)
+        await c.worker.pool.join()
+        await c.flush()
+        await self.transport.disconnect()
+
+    async def terminate(self) -> None:
+        c = self.consumer
+        await c.stop_fetching()
+        running = len(c.worker.pool.running())
+        logger.warning("cold shutdown: %d running task(s) and %d prefetched message(s) "
+                       "given back", running, len(c.reserved))
+        await c.flush()
+        # disconnect() returns every message this worker still owns, running ones too.
+        await self.transport.disconnect()
+
+
+class HeartStep(Step):
+    """Renews the worker's lease on its messages and returns dead workers' messages."""
+
+    requires = (ConsumerStep,)
+
+    async def start(self) -> None:
+        w = self.worker
+        lease = w.app.settings.worker_lease_timeout
+        self.beat = w.timer.call_repeatedly(max(lease / 4, 0.05), w.app.transport.heartbeat)
+        expires = w.app.settings.result_expires
+        self.cleanup = None
+        if expires:
+            self.cleanup = w.timer.call_repeatedly(min(expires / 10, 300.0), self._cleanup,
+                                                   now=True)
+
+    def _cleanup(self) -> None:
+        removed = self.worker.app.backend.cleanup()
+        if removed:
+            logger.info("removed %d expired result(s)", removed)
+
+    async def stop(self) -> None:
+        self.beat.cancel()
+        if self.cleanup is not None:
+            self.cleanup.cancel()
+
+
+DEFAULT_STEPS: tuple[type[Step], ...] = (TimerStep, PoolStep, ConsumerStep, HeartStep)
