@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
+from . import result as _result
 from . import serialization
 from .backends.base import ResultBackend, create_backend
-from .errors import ConfigurationError, EncodeError, NotRegistered
+from .errors import ConfigurationError, EncodeError
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
-from .result import AsyncResult
 from .settings import Settings
 from .tasks import Task, TaskOptions, args_repr
 from .transports.base import Transport, create_transport
@@ -112,7 +112,8 @@ class Celeriac:
 
     @overload
     def task(
-        self, *, bind: Literal[True], name: str | None = ..., queue: str | None = ...,
+        self, fn: None = None, /, *, bind: Literal[True], name: str | None = ...,
+        queue: str | None = ...,
         priority: int | None = ..., max_retries: int | None = ...,
         default_retry_delay: float | None = ...,
         autoretry_for: tuple[type[BaseException], ...] = ..., retry_backoff: bool | float = ...,
@@ -124,7 +125,8 @@ class Celeriac:
 
     @overload
     def task(
-        self, *, bind: Literal[False] = ..., name: str | None = ..., queue: str | None = ...,
+        self, fn: None = None, /, *, bind: Literal[False] = ..., name: str | None = ...,
+        queue: str | None = ...,
         priority: int | None = ..., max_retries: int | None = ...,
         default_retry_delay: float | None = ...,
         autoretry_for: tuple[type[BaseException], ...] = ..., retry_backoff: bool | float = ...,
@@ -176,8 +178,8 @@ class Celeriac:
                 return queue
         return self.settings.task_default_queue
 
-    def AsyncResult(self, task_id: str) -> AsyncResult[Any]:  # noqa: N802 - Celery's name
-        return AsyncResult(task_id, self)
+    def AsyncResult(self, task_id: str) -> _result.AsyncResult[Any]:
+        return _result.AsyncResult(task_id, self)
 
     # -- sending ------------------------------------------------------------------------
     def send_task(
@@ -198,7 +200,7 @@ class Celeriac:
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
         ignore_result: bool = False,
-    ) -> AsyncResult[Any]:
+    ) -> _result.AsyncResult[Any]:
         """Send a task by name; the task need not be importable here."""
         message, queue, delay = self._build(
             name, args, kwargs, countdown=countdown, eta=eta, expires=expires, queue=queue,
@@ -211,11 +213,11 @@ class Celeriac:
         self.transport.publish(queue, message, delay=delay)
         if self.hooks:
             self.hooks.call("after_publish", message, queue)
-        return AsyncResult(message.headers["id"], self, name)
+        return _result.AsyncResult(message.headers["id"], self, name)
 
     async def asend_task(self, name: str, args: Sequence[Any] | None = None,
                          kwargs: Mapping[str, Any] | None = None, **options: Any
-                         ) -> AsyncResult[Any]:
+                         ) -> _result.AsyncResult[Any]:
         return await asyncio.to_thread(self.send_task, name, args, kwargs, **options)
 
     def _build(

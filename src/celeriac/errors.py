@@ -19,14 +19,14 @@
     │   ├── TimeLimitExceeded       the hard time limit killed the task
     │   ├── SoftTimeLimitExceeded   raised inside a task at its soft time limit
     │   └── MaxRetriesExceededError ``retry()`` past ``max_retries``
-    ├── ResultTimeout               ``AsyncResult.get(timeout=...)`` ran out (also a TimeoutError)
+    ├── ResultTimeout               ``AsyncResult.get()`` timed out (also a TimeoutError)
     └── TaskControl                 control flow raised by tasks, not failures
         ├── Retry                   run again later (``self.retry()``)
         ├── Reject                  refuse the message (dead-letter or requeue)
         └── Ignore                  finish without storing a state
 
     BaseException
-    └── WorkerShutdown              asks a worker to stop (warm); never caught by ``except Exception``
+    └── WorkerShutdown              asks a worker to stop (warm); not an Exception
         └── WorkerTerminate         asks a worker to stop now (cold)
 """
 
@@ -161,7 +161,7 @@ class Ignore(TaskControl):
     """Finish without storing a state; the message is acknowledged."""
 
 
-class WorkerShutdown(BaseException):  # noqa: N818 - named like Celery's
+class WorkerShutdown(BaseException):
     """Ask the worker to stop after running tasks finish (warm shutdown)."""
 
 

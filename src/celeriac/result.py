@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from . import errors, states
 from .backends.base import ResultMeta
@@ -83,7 +83,7 @@ class AsyncResult(Generic[R]):
         meta = self.app.backend.wait_for([self.id], timeout).get(self.id)
         if meta is None:
             raise ResultTimeout(f"task {self.id} not ready after {timeout}s")
-        return self._outcome(meta, propagate)
+        return cast(R, self._outcome(meta, propagate))
 
     async def aget(self, timeout: float | None = None, propagate: bool = True) -> R:
         """``get()`` for async code; waits in a thread so the event loop keeps running."""
@@ -167,7 +167,7 @@ class EagerResult(AsyncResult[R]):
         return self._eager_meta
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> R:
-        return self._outcome(self._eager_meta, propagate)
+        return cast(R, self._outcome(self._eager_meta, propagate))
 
     def forget(self) -> None:
         pass

@@ -88,7 +88,9 @@ class Settings:
                 f"worker_lease_timeout must be > 0, got {self.worker_lease_timeout!r}"
             )
         if self.max_message_size < 1:
-            raise ConfigurationError(f"max_message_size must be >= 1, got {self.max_message_size!r}")
+            raise ConfigurationError(
+                f"max_message_size must be >= 1, got {self.max_message_size!r}"
+            )
 
     @property
     def backend_url(self) -> str:

@@ -82,8 +82,8 @@ class Task(Generic[P, R]):
         self.name = options.name
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
-        self._request: contextvars.ContextVar[Request] = contextvars.ContextVar(
-            f"celeriac.request.{self.name}", default=Request(task=self.name)
+        self._request: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+            f"celeriac.request.{self.name}", default=None
         )
 
     def __repr__(self) -> str:
@@ -107,7 +107,8 @@ class Task(Generic[P, R]):
 
     @property
     def request(self) -> Request:
-        return self._request.get()
+        """The current call's request; outside a call, an empty one (called_directly)."""
+        return self._request.get() or Request(task=self.name)
 
     # -- running ------------------------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

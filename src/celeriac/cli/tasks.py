@@ -7,7 +7,7 @@ from typing import Any
 import click
 import orjson
 
-from . import AppLoader
+from .loader import AppLoader
 
 
 def _json(value: str, name: str, kind: type) -> Any:

@@ -9,7 +9,7 @@ import click
 
 from ..worker import Worker
 from ..worker.pool import POOLS
-from . import AppLoader
+from .loader import AppLoader
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 

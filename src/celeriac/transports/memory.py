@@ -7,6 +7,7 @@ so a producer and a worker in one process (tests) talk to each other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import threading
@@ -119,10 +120,8 @@ class MemoryTransport(Transport):
                     wait = min(wait, next_eta - time.time())
                 if deadline - time.monotonic() <= 0:
                     return []
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(fut, max(wait, 0.0))
-                except TimeoutError:
-                    pass
             finally:
                 with b.lock:
                     b.waiters.discard((loop, fut))

@@ -101,7 +101,8 @@ class Worker:
         else:
             stopping = loop.create_task(self.blueprint.stop())
             self._shutdown = loop.create_future()
-            done, _ = await asyncio.wait({stopping, self._shutdown},
+            waiting: set[asyncio.Future[Any]] = {stopping, self._shutdown}
+            done, _ = await asyncio.wait(waiting,
                                          return_when=asyncio.FIRST_COMPLETED)
             if stopping not in done:
                 logger.warning("cold shutdown requested during warm shutdown")

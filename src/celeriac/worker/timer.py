@@ -9,6 +9,7 @@ callbacks run as tasks; a tick does not start while the previous one is still ru
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -93,7 +94,7 @@ class Timer:
             return
         if inspect.isawaitable(result):
             entry.running = asyncio.ensure_future(result)
-            entry.running.add_done_callback(lambda t, fn=entry.fn: _report(t, fn))
+            entry.running.add_done_callback(functools.partial(_report, fn=entry.fn))
 
     def cancel_all(self) -> None:
         for entry in list(self.entries):

@@ -51,7 +51,7 @@ class SoloPool(Pool):
         while (job := self._jobs.get()) is not _STOP:
             try:
                 outcome = execute(self.app, job)
-            except BaseException as exc:  # noqa: BLE001 - reported, never lost
+            except BaseException as exc:
                 logger.exception("Task %s[%s] crashed the executor", job.headers.get("task"),
                                  job.headers.get("id"))
                 outcome = Outcome("requeue", reason=repr(exc))
