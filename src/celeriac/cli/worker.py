@@ -36,7 +36,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
     """Start a worker that executes tasks."""
     setup_logging(loglevel)
     app = load()
-    app.transport  # noqa: B018 - fail now, in one line, on a bad broker URL
+    app.transport.ping()  # fail now, in one line, on a bad or unreachable broker
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list, pool=pool)
     sys.exit(w.run())

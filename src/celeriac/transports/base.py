@@ -101,6 +101,10 @@ class Transport(abc.ABC):
         """Stop consuming. Messages still owned return to their queues uncounted."""
 
     # -- administration (synchronous) ---------------------------------------------------
+    def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` unless the broker answers."""
+        self.queue_length(self.settings.task_default_queue)
+
     @abc.abstractmethod
     def queue_length(self, queue: str) -> int:
         """Messages ready in ``queue`` (not delayed, not owned)."""

@@ -80,9 +80,12 @@ class Blueprint:
 
     async def stop(self, cold: bool = False) -> None:
         while self.started:
-            step = self.started.pop()
+            # Pop only once stopped: if a warm stop is cancelled midway (a second Ctrl-C),
+            # the cold stop that follows still terminates this step.
+            step = self.started[-1]
             logger.debug("stopping %s", step.name)
             try:
                 await (step.terminate() if cold else step.stop())
             except Exception:
                 logger.exception("step %s failed to stop", step.name)
+            self.started.pop()

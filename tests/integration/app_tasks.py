@@ -1,0 +1,91 @@
+"""Tasks the integration tests run in real worker processes.
+
+The app reads its settings from CELERIAC_* variables, so each test points the worker
+subprocess and itself at the same SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from celeriac import Celeriac, Settings
+
+app = Celeriac("itest", settings=Settings.from_env())
+
+
+class NotAllowed(Exception):
+    """A user exception type that is not on the result allow-list."""
+
+
+@app.task
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@app.task(bind=True, max_retries=3, default_retry_delay=1, acks_late=True)
+def flaky(self, n):  # type: ignore[no-untyped-def]
+    if self.request.retries < 2:
+        raise self.retry(countdown=0.3)
+    return n
+
+
+@app.task(bind=True, max_retries=1)
+def always_retry(self):  # type: ignore[no-untyped-def]
+    raise self.retry(exc=KeyError("still broken"), countdown=0.1)
+
+
+@app.task(autoretry_for=(ConnectionError,), retry_backoff=0.1, retry_jitter=False,
+          max_retries=2)
+def auto(marker: str) -> int:
+    path = Path(marker)
+    count = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(count))
+    if count < 3:
+        raise ConnectionError(f"attempt {count}")
+    return count
+
+
+@app.task
+def boom(kind: str = "value") -> None:
+    if kind == "value":
+        raise ValueError("bad value")
+    raise NotAllowed("custom failure")
+
+
+@app.task
+def stamp() -> float:
+    return time.time()
+
+
+@app.task
+def sleep(seconds: float, marker: str | None = None) -> float:
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return seconds
+
+
+@app.task(acks_late=False)
+def at_most_once(marker: str) -> None:
+    Path(marker).write_text("started")
+    time.sleep(30)
+
+
+@app.task
+def die(code: int = 3) -> None:
+    os._exit(code)
+
+
+@app.task
+def whoami() -> dict[str, object]:
+    req = whoami_bound.request
+    return {"called_directly": req.called_directly}
+
+
+@app.task(bind=True)
+def whoami_bound(self) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    r = self.request
+    return {"id": r.id, "retries": r.retries, "hostname": r.hostname,
+            "queue": r.delivery_info.get("queue"), "args": list(r.args)}

@@ -1,0 +1,83 @@
+"""Bad input gets a clear error and loses nothing; the worker keeps running."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from celeriac import Celeriac, EncodeError, MessageTooLarge, Settings
+from celeriac.protocol import Message, task_headers, task_properties
+from celeriac.testing import WorkerProcess, wait_until
+from tests.integration import app_tasks as t
+
+pytestmark = pytest.mark.slow
+
+ADD = "tests.integration.app_tasks.add"
+
+
+def _message(body: bytes, content_type: str = "application/json", **headers: object) -> Message:
+    h = task_headers(task=ADD, task_id="bad-1", args_repr="", kwargs_repr="")
+    h.update(headers)
+    return Message({k: v for k, v in h.items() if v is not ...}, body, content_type,
+                   properties=task_properties("bad-1", 0))
+
+
+def test_unencodable_argument_names_its_type_and_publishes_nothing(app: Celeriac) -> None:
+    with pytest.raises(EncodeError, match=r"argument 1 has type set"):
+        t.add.delay(1, {1, 2})  # type: ignore[arg-type]
+    with pytest.raises(EncodeError, match=r"keyword argument 'y' has type object"):
+        t.add.delay(1, y=object())  # type: ignore[arg-type]
+    assert app.transport.queue_length("celeriac") == 0
+
+
+def test_oversized_message_refused_at_publish(app: Celeriac) -> None:
+    app.settings = app.settings.replace(max_message_size=1000)
+    app.close()
+    with pytest.raises(MessageTooLarge, match="over max_message_size=1000"):
+        t.add.delay("x" * 2000, "y")  # type: ignore[arg-type]
+    assert app.transport.queue_length("celeriac") == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (_message(b"{not json"), "cannot decode application/json body"),
+        (_message(orjson.dumps([[1, 2], {}, {}]), task=...), "missing or invalid 'task' header"),
+        (_message(orjson.dumps([[1, 2], {}, {}]), task="no.such.task"), "unknown task"),
+        (_message(pickle.dumps(((1, 2), {}, {})), "application/x-python-serialize"),
+         "is not accepted"),
+        (_message(orjson.dumps({"args": [1, 2]})), "not a protocol v2"),
+    ],
+    ids=["invalid-json", "missing-task-header", "unknown-task", "pickle-not-accepted",
+         "not-v2-body"],
+)
+def test_malformed_message_is_dead_lettered_and_worker_keeps_running(
+        app: Celeriac, start_worker: Callable[..., WorkerProcess], message: Message,
+        reason: str) -> None:
+    w = start_worker()
+    app.transport.publish("celeriac", message)
+    dead = wait_until(app.transport.dead_letters, 10, message="a dead letter")
+    assert len(dead) == 1
+    assert reason in dead[0].reason
+    assert dead[0].message.body == message.body  # the original, byte for byte
+    assert t.add.delay(2, 2).get(timeout=10) == 4
+    assert w.proc is not None and w.proc.poll() is None
+    assert len([line for line in w.log.splitlines() if "dead-letter" in line]) == 1
+
+
+def test_pickle_accepted_only_when_opted_in(env: dict[str, str], app: Celeriac,
+                                            start_worker: Callable[..., WorkerProcess]) -> None:
+    start_worker(extra_env={"CELERIAC_ACCEPT_CONTENT": "json,pickle"})
+    app.settings = Settings.from_env({**env, "CELERIAC_ACCEPT_CONTENT": "json,pickle"})
+    r = t.add.apply_async((3, 4), serializer="pickle")
+    assert r.get(timeout=10) == 7
+
+
+def test_unknown_broker_scheme_lists_known_schemes() -> None:
+    from celeriac import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"unknown broker URL scheme 'kafka'.*sqlite://"):
+        Celeriac(broker="kafka://localhost").transport  # noqa: B018
