@@ -115,7 +115,7 @@ def test_at_most_once_task_is_not_redelivered(
     wait_until(lambda: _owned(app) == 0, 5, message="acked before running")
     first.kill()
     marker.unlink()
-    second = start_worker()
+    start_worker()
     second_task = t.add.delay(1, 1)
     assert second_task.get(timeout=10) == 2
     assert not marker.exists() and not r.ready()

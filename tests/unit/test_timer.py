@@ -1,0 +1,91 @@
+import asyncio
+
+import pytest
+
+from celeriac.worker.timer import Timer
+
+
+def test_call_after_and_call_at_fire_in_order() -> None:
+    async def main() -> list[str]:
+        timer = Timer()
+        fired: list[str] = []
+        done = asyncio.Event()
+        timer.call_after(0.02, fired.append, "second")
+        timer.call_at(timer.time() + 0.01, fired.append, "first")
+        timer.call_after(0.03, done.set)
+        await asyncio.wait_for(done.wait(), 2)
+        return fired
+
+    assert asyncio.run(main()) == ["first", "second"]
+
+
+def test_call_repeatedly_does_not_drift_and_survives_a_failing_callback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> tuple[list[float], float]:
+        timer = Timer()
+        ticks: list[float] = []
+        done = asyncio.Event()
+
+        def tick() -> None:
+            ticks.append(timer.time())
+            if len(ticks) == 10:
+                done.set()
+            if len(ticks) % 3 == 0:
+                raise RuntimeError("boom")
+            # A slow callback: with naive re-scheduling this would add up to drift.
+            end = timer.time() + 0.004
+            while timer.time() < end:
+                pass
+
+        start = timer.time()
+        entry = timer.call_repeatedly(0.02, tick)
+        await asyncio.wait_for(done.wait(), 5)
+        entry.cancel()
+        return ticks, start
+
+    ticks, start = asyncio.run(main())
+    assert len(ticks) == 10
+    # Tick k lands on start + k*interval; its error does not accumulate.
+    assert ticks[-1] - start == pytest.approx(10 * 0.02, abs=0.015)
+    assert caplog.text.count("raised") == 3
+
+
+def test_cancel_stops_future_ticks() -> None:
+    async def main() -> int:
+        timer = Timer()
+        count = 0
+
+        def tick() -> None:
+            nonlocal count
+            count += 1
+            if count == 2:
+                entry.cancel()
+
+        entry = timer.call_repeatedly(0.005, tick)
+        await asyncio.sleep(0.1)  # sleep-ok: proving nothing more happens
+        return count
+
+    assert asyncio.run(main()) == 2
+
+
+def test_coroutine_callbacks_do_not_overlap() -> None:
+    async def main() -> tuple[int, int]:
+        timer = Timer()
+        running = peak = 0
+        calls = 0
+
+        async def slow() -> None:
+            nonlocal running, peak, calls
+            calls += 1
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.03)
+            running -= 1
+
+        entry = timer.call_repeatedly(0.01, slow)
+        await asyncio.sleep(0.15)  # sleep-ok: a fixed observation window
+        entry.cancel()
+        return peak, calls
+
+    peak, calls = asyncio.run(main())
+    assert peak == 1 and calls >= 2
