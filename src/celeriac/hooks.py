@@ -72,6 +72,11 @@ class HookRunner:
     def __bool__(self) -> bool:
         return bool(self._hooks)
 
+    def call_strict(self, name: str, *args: Any) -> None:
+        """Call the hooks and let a failure propagate (process initialisation)."""
+        for hooks in self._hooks:
+            getattr(hooks, name)(*args)
+
     def call(self, name: str, *args: Any) -> None:
         for hooks in self._hooks:
             try:

@@ -59,9 +59,23 @@ class Settings:
     worker_concurrency: int | None = None
     """Pool size; ``None`` means the number of CPUs (1 for the solo pool)."""
     worker_prefetch_multiplier: int = 4
-    worker_pool: str = "solo"
+    worker_pool: str = "prefork"
     worker_lease_timeout: float = 10.0
     """A worker silent this long is presumed dead and its messages return to their queues."""
+    worker_max_tasks_per_child: int | None = None
+    """Recycle a pool child after this many tasks."""
+    worker_max_memory_per_child: int | None = None
+    """Recycle a pool child, after its task, once its resident memory exceeds this (KiB)."""
+    worker_proc_alive_timeout: float = 4.0
+    """A pool child that does not report up within this many seconds is replaced."""
+    worker_max_restarts: int = 10
+    worker_restart_window: float = 10.0
+    """More than ``worker_max_restarts`` unplanned child deaths in this many seconds stop
+    the worker instead of fork-looping."""
+    worker_autoscale: tuple[int, ...] | None = None
+    """``(max, min)`` pool size for the autoscaler (prefork only)."""
+    worker_autoscale_cooldown: float = 10.0
+    """Seconds a pool must have had idle children before the autoscaler shrinks it."""
 
     max_message_size: int = 64 * 1024 * 1024
 
@@ -143,7 +157,11 @@ def _parse(name: str, hint: Any, raw: str) -> Any:
         if hint in (int, float, str):
             return hint(raw)
         if typing.get_origin(hint) is tuple:
-            return tuple(p.strip() for p in raw.split(",") if p.strip())
+            item = typing.get_args(hint)[0]
+            if item not in (int, float, str):
+                raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} cannot be set from "
+                                         "the environment")
+            return tuple(item(p.strip()) for p in raw.split(",") if p.strip())
         if typing.get_origin(hint) is Mapping:
             pairs = (p.split("=", 1) for p in raw.split(",") if p.strip())
             return {k.strip(): v.strip() for k, v in pairs}

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from celeriac import Celeriac, Settings
+from celeriac import Celeriac, Hooks, Settings
 
 app = Celeriac("itest", settings=Settings.from_env())
 
@@ -89,3 +89,83 @@ def whoami_bound(self) -> dict[str, object]:  # type: ignore[no-untyped-def]
     r = self.request
     return {"id": r.id, "retries": r.retries, "hostname": r.hostname,
             "queue": r.delivery_info.get("queue"), "args": list(r.args)}
+
+
+# -- for the prefork pool's fault tests --------------------------------------------------
+
+@app.task(acks_late=True)
+def kill_self(sig: int = 9, marker: str | None = None) -> str:
+    """Kills its own process the first time (marker absent), succeeds after."""
+    import signal as _signal
+
+    if marker and Path(marker).exists():
+        return "survived"
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+    os.kill(os.getpid(), _signal.Signals(sig))
+    time.sleep(10)
+    return "unreachable"
+
+
+@app.task
+def exit_child(code: int = 3, marker: str | None = None) -> str:
+    if marker and Path(marker).exists():
+        return "second run"
+    if marker:
+        Path(marker).write_text("died once")
+    os._exit(code)
+
+
+@app.task(acks_late=False)
+def exit_at_most_once(code: int = 3) -> None:
+    os._exit(code)
+
+
+@app.task(time_limit=1)
+def busy_loop() -> None:
+    while True:
+        pass
+
+
+@app.task(time_limit=1)
+def blocking_sleep() -> None:
+    time.sleep(1000)
+
+
+@app.task(soft_time_limit=0.5)
+def soft_limited(marker: str) -> str:
+    from celeriac import SoftTimeLimitExceeded
+
+    try:
+        time.sleep(30)
+    except SoftTimeLimitExceeded:
+        Path(marker).write_text("cleaned up")
+        return "cleaned up"
+    return "not interrupted"
+
+
+@app.task
+def pid() -> int:
+    return os.getpid()
+
+
+_LEAK: list[bytes] = []
+
+
+@app.task
+def leak(mb: int = 50) -> int:
+    _LEAK.append(b"x" * (mb * 1024 * 1024))
+    return os.getpid()
+
+
+class _ChildInit(Hooks):
+    def worker_process_init(self) -> None:
+        if os.environ.get("CRASH_CHILD_INIT"):
+            raise RuntimeError("cannot initialise (test)")
+        hang_marker = os.environ.get("HANG_FIRST_CHILD")
+        if hang_marker and not Path(hang_marker).exists():
+            Path(hang_marker).write_text(str(os.getpid()))
+            time.sleep(1000)
+
+
+app.add_hooks(_ChildInit())

@@ -57,6 +57,8 @@ def _jsonable(value: Any) -> bool:
 
 class ResultBackend(abc.ABC):
     scheme: ClassVar[str]
+    process_local: ClassVar[bool] = False
+    """True when results live in one process's memory (pool children relay to it)."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
@@ -148,10 +150,10 @@ class ResultBackend(abc.ABC):
             self._wait(min(remaining, 1.0))
 
 
-_REGISTRY: dict[str, Callable[[str, Settings], ResultBackend]] = {}
+_REGISTRY: dict[str, type[ResultBackend]] = {}
 
 
-def register(scheme: str, factory: Callable[[str, Settings], ResultBackend]) -> None:
+def register(scheme: str, factory: type[ResultBackend]) -> None:
     _REGISTRY[scheme] = factory
 
 
@@ -164,7 +166,7 @@ def known_schemes() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_backend(url: str, settings: Settings) -> ResultBackend:
+def backend_class(url: str) -> type[ResultBackend]:
     scheme = urlsplit(url).scheme
     schemes = known_schemes()
     if scheme not in _REGISTRY:
@@ -172,4 +174,8 @@ def create_backend(url: str, settings: Settings) -> ResultBackend:
             f"unknown result backend URL scheme {scheme!r} in {url!r}; known: "
             + ", ".join(f"{s}://" for s in schemes)
         )
-    return _REGISTRY[scheme](url, settings)
+    return _REGISTRY[scheme]
+
+
+def create_backend(url: str, settings: Settings) -> ResultBackend:
+    return backend_class(url)(url, settings)

@@ -19,6 +19,7 @@ _LOCK = threading.Lock()
 
 class MemoryBackend(ResultBackend):
     scheme = "memory"
+    process_local = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -21,6 +22,19 @@ def setup_logging(level: str) -> None:
     )
 
 
+def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
+               ) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        high, low = (int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter("expected MAX,MIN, e.g. 8,2") from None
+    if not 1 <= low <= high:
+        raise click.BadParameter("expected 1 <= MIN <= MAX")
+    return high, low
+
+
 @click.command()
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=None,
               help="Pool size (default: number of CPUs; 1 for solo).")
@@ -29,14 +43,31 @@ def setup_logging(level: str) -> None:
               default="warning", show_default=True)
 @click.option("-n", "--hostname", default=None, help="Node name (default celeriac@host).")
 @click.option("-P", "--pool", type=click.Choice(sorted(POOLS)), default=None,
-              help="Execution pool (default: worker_pool setting).")
+              help="Execution pool (default: worker_pool setting, prefork).")
+@click.option("--autoscale", callback=_autoscale, default=None, metavar="MAX,MIN",
+              help="Grow the prefork pool up to MAX with backlog, shrink to MIN when idle.")
+@click.option("--max-tasks-per-child", type=click.IntRange(min=1), default=None)
+@click.option("--max-memory-per-child", type=click.IntRange(min=1), default=None,
+              metavar="KIB", help="Recycle a child after a task once its RSS exceeds this.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Hard time limit in seconds for every task.")
+@click.option("--soft-time-limit", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.pass_obj
 def worker(load: AppLoader, concurrency: int | None, queues: str | None, loglevel: str,
-           hostname: str | None, pool: str | None) -> None:
+           hostname: str | None, pool: str | None, autoscale: tuple[int, int] | None,
+           max_tasks_per_child: int | None, max_memory_per_child: int | None,
+           time_limit: float | None, soft_time_limit: float | None) -> None:
     """Start a worker that executes tasks."""
     setup_logging(loglevel)
     app = load()
+    overrides: dict[str, Any] = {
+        "worker_max_tasks_per_child": max_tasks_per_child,
+        "worker_max_memory_per_child": max_memory_per_child,
+        "task_time_limit": time_limit, "task_soft_time_limit": soft_time_limit,
+    }
+    app.settings = app.settings.replace(**{k: v for k, v in overrides.items() if v is not None})
     app.transport.ping()  # fail now, in one line, on a bad or unreachable broker
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
-    w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list, pool=pool)
+    w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list, pool=pool,
+               autoscale=autoscale)
     sys.exit(w.run())

@@ -17,7 +17,7 @@ event loop. Semantics every transport keeps (and ``tests/contracts`` checks):
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
@@ -48,6 +48,8 @@ class Outgoing:
 
 class Transport(abc.ABC):
     scheme: ClassVar[str]
+    process_local: ClassVar[bool] = False
+    """True when the broker lives in one process's memory (pool children relay to it)."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
@@ -121,10 +123,10 @@ class Transport(abc.ABC):
         """Release connections held by this process."""
 
 
-_REGISTRY: dict[str, Callable[[str, Settings], Transport]] = {}
+_REGISTRY: dict[str, type[Transport]] = {}
 
 
-def register(scheme: str, factory: Callable[[str, Settings], Transport]) -> None:
+def register(scheme: str, factory: type[Transport]) -> None:
     _REGISTRY[scheme] = factory
 
 
@@ -142,8 +144,8 @@ def _load_builtin() -> None:
     register("sqlite", sqlite.SQLiteTransport)
 
 
-def create_transport(url: str, settings: Settings) -> Transport:
-    """The transport for ``url`` (the first of several ``;``-separated URLs)."""
+def transport_class(url: str) -> type[Transport]:
+    """The transport class for ``url`` (the first of several ``;``-separated URLs)."""
     first = url.split(";")[0].strip()
     scheme = urlsplit(first).scheme
     schemes = known_schemes()
@@ -152,4 +154,8 @@ def create_transport(url: str, settings: Settings) -> Transport:
             f"unknown broker URL scheme {scheme!r} in {first!r}; known: "
             + ", ".join(f"{s}://" for s in schemes)
         )
-    return _REGISTRY[scheme](first, settings)
+    return _REGISTRY[scheme]
+
+
+def create_transport(url: str, settings: Settings) -> Transport:
+    return transport_class(url)(url.split(";")[0].strip(), settings)

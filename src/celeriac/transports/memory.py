@@ -78,6 +78,7 @@ def _broker_for(url: str) -> _Broker:
 
 class MemoryTransport(Transport):
     scheme = "memory"
+    process_local = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
 from .execute import Job, Outcome
 from .pool import POOLS
@@ -40,7 +41,8 @@ class Worker:
         concurrency: int | None = None,
         queues: Sequence[str] | None = None,
         pool: str | None = None,
-        steps: Sequence[type[Step]] = DEFAULT_STEPS,
+        autoscale: tuple[int, int] | None = None,
+        steps: Sequence[type[Step]] | None = None,
         install_signal_handlers: bool = True,
     ) -> None:
         pool = pool or app.settings.worker_pool
@@ -52,12 +54,24 @@ class Worker:
         self.hostname = hostname or f"celeriac@{socket.gethostname()}"
         self.id = f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.pool_name = pool
+        autoscale = autoscale or _bounds(app.settings.worker_autoscale)
+        if autoscale is not None:
+            high, low = autoscale
+            if not 1 <= low <= high:
+                raise ValueError(f"autoscale must be (max, min) with 1 <= min <= max, "
+                                 f"got {autoscale!r}")
+            if pool != "prefork":
+                raise ValueError("autoscale needs the prefork pool")
+            concurrency = low
+        self.autoscale = autoscale
         if concurrency is None:
             concurrency = app.settings.worker_concurrency
         if concurrency is None:
             concurrency = 1 if pool == "solo" else os.cpu_count() or 1
         self.concurrency = concurrency
         self.queues = list(queues or [app.settings.task_default_queue])
+        if steps is None:
+            steps = (*DEFAULT_STEPS, Autoscaler) if autoscale else DEFAULT_STEPS
         self.blueprint = Blueprint(steps)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
@@ -66,6 +80,8 @@ class Worker:
         self.consumer: Consumer
         self._shutdown: asyncio.Future[bool] | None = None  # result: cold?
         self._interrupts = 0
+        self.exit_code = 0
+        self.failure: str | None = None
 
     def __repr__(self) -> str:
         return f"<Worker {self.hostname} pool={self.pool_name}x{self.concurrency}>"
@@ -111,8 +127,17 @@ class Worker:
                 await self.blueprint.stop(cold=True)
         self.app.hooks.call("after_worker_stop", self)
         self.app.close()
-        logger.info("%s stopped", self.hostname)
-        return 0
+        if self.failure:
+            logger.critical("%s stopped: %s", self.hostname, self.failure)
+        else:
+            logger.info("%s stopped", self.hostname)
+        return self.exit_code
+
+    def fail(self, reason: str) -> None:
+        """Stop now because a part cannot go on; the process exits with status 1."""
+        self.exit_code = 1
+        self.failure = reason
+        self.shutdown(cold=True)
 
     def shutdown(self, cold: bool = False) -> None:
         """Ask the running worker to stop (thread-safe within its loop only)."""
@@ -140,6 +165,14 @@ class Worker:
         loop.add_signal_handler(signal.SIGQUIT, quit_)
 
 
+
+
+def _bounds(value: tuple[int, ...] | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if len(value) != 2:
+        raise ValueError(f"worker_autoscale must be (max, min), got {value!r}")
+    return value[0], value[1]
 
 
 __all__ = ["Worker"]

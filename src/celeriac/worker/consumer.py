@@ -36,7 +36,6 @@ class Consumer:
         self.transport = transport
         self.pool = pool
         self.queues = worker.queues
-        self.prefetch_limit = pool.concurrency * self.app.settings.worker_prefetch_multiplier
         self.reserved: deque[Job] = deque()
         self.deliveries: dict[int, Delivery] = {}  # job id -> delivery, until settled
         self._next_job = 0
@@ -46,8 +45,14 @@ class Consumer:
         self._fetcher: asyncio.Task[None] | None = None
         self.processed = 0
 
+    @property
+    def prefetch_limit(self) -> int:
+        # Follows the pool's size as it grows and shrinks (autoscale).
+        return self.pool.concurrency * self.app.settings.worker_prefetch_multiplier
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        self.pool.on_ready = self._dispatch
         self._fetcher = asyncio.get_running_loop().create_task(self._fetch_loop())
 
     async def stop_fetching(self) -> None:

@@ -28,6 +28,7 @@ class PoolStep(Step):
         w = self.worker
         cls = POOLS[w.pool_name]
         self.pool: Pool = cls(w.app, w.concurrency, w.on_job_done)
+        self.pool.on_fatal = w.fail
         w.pool = self.pool
         await self.pool.start()
 

@@ -27,6 +27,10 @@ class Pool(abc.ABC):
         self.app = app
         self.concurrency = concurrency
         self.on_done = on_done
+        self.on_ready: Callable[[], None] = lambda: None
+        """Called when a slot may have opened outside ``on_done`` (a child came up)."""
+        self.on_fatal: Callable[[str], None] = lambda reason: None
+        """Called when the pool cannot go on (a restart storm); the worker stops."""
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -1,0 +1,230 @@
+"""A prefork pool child: the process that decodes and runs tasks.
+
+Lifecycle: forked by the parent -> ``main()`` resets what must not be shared (signals,
+random state, the parent's connections, other children's pipes), runs the
+``worker_process_init`` hooks, reports UP, then loops: read a job, run it under its soft
+time limit, write DONE. It exits on STOP, on EOF of its job pipe (the parent is gone), when
+recycled (``max_tasks_per_child`` / ``max_memory_per_child``), or by the parent's SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...backends.base import ResultBackend, backend_class
+from ...errors import SoftTimeLimitExceeded
+from ...protocol import Delivery, Message
+from ...transports.base import DeadLetter, Outgoing, Transport, transport_class
+from ..execute import Job, Outcome, execute
+from . import pipes
+
+if TYPE_CHECKING:
+    from ...app import Celeriac
+
+logger = logging.getLogger("celeriac.worker.pool.child")
+
+PR_SET_PDEATHSIG = 1
+
+
+def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
+         max_tasks: int | None, max_memory_kib: int | None) -> int:
+    """Run the child; returns its exit code (the caller passes it to ``os._exit``)."""
+    parent = os.getppid()
+    _die_with_parent()
+    multiprocessing.current_process().name = f"PoolChild-{os.getpid()}"
+    _reset_signals()
+    random.seed()
+    for fd in parent_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _fresh_connections(app, result_w)
+    try:
+        app.hooks.call_strict("worker_process_init")
+    except Exception as exc:
+        logger.error("worker_process_init failed in child %d: %r", os.getpid(), exc)
+        return 2
+    pipes.write_all(result_w, pipes.frame(pipes.UP, str(os.getpid()).encode()))
+
+    reader = pipes.FrameReader()
+    done_tasks = 0
+    while True:
+        frames = list(pipes.read_frame(job_r, reader))
+        if not frames:
+            return 0  # EOF: the parent closed our pipe or died
+        for kind, payload in frames:
+            if kind == pipes.STOP:
+                return 0
+            meta, body = pipes.split_blob(payload)
+            job = Job(meta["id"], meta["headers"], body, meta["content_type"], meta["queue"],
+                      meta["delivery_count"], meta["hostname"])
+            outcome = _run(app, job, meta.get("soft_limit"))
+            done_tasks += 1
+            retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
+            pipes.write_all(result_w, pipes.frame(pipes.DONE, _encode_done(job, outcome,
+                                                                          retire)))
+            if retire:
+                return 0
+            if os.getppid() != parent:
+                return 0
+
+
+def _run(app: Celeriac, job: Job, soft_limit: float | None) -> Outcome:
+    if soft_limit:
+        signal.setitimer(signal.ITIMER_REAL, soft_limit)
+    try:
+        return execute(app, job)
+    except SoftTimeLimitExceeded as exc:  # fired outside the task body (rare)
+        return Outcome("ack", None, repr(exc))
+    finally:
+        if soft_limit:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _encode_done(job: Job, outcome: Outcome, retire: bool) -> bytes:
+    import orjson
+
+    return orjson.dumps({"id": job.id, "action": outcome.action, "state": outcome.state,
+                         "reason": outcome.reason, "runtime": outcome.runtime,
+                         "retire": retire})
+
+
+def _should_retire(done: int, max_tasks: int | None, max_memory_kib: int | None) -> bool:
+    if max_tasks and done >= max_tasks:
+        return True
+    return bool(max_memory_kib and rss_kib() > max_memory_kib)
+
+
+def rss_kib() -> int:
+    """Current resident set size of this process in KiB."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+    except OSError:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the EOF on the job pipe still ends us
+
+
+def _soft_limit(signum: int, frame: Any) -> None:
+    raise SoftTimeLimitExceeded("soft time limit exceeded")
+
+
+def _reset_signals() -> None:
+    # The parent coordinates shutdown: a Ctrl-C to the whole process group (a terminal)
+    # or a SIGTERM to the whole cgroup (systemd) must not kill a child mid-task. The
+    # parent stops children with a STOP frame, or SIGKILL on a cold shutdown. The
+    # parent's asyncio wakeup fd is not ours to write to.
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, _soft_limit)
+
+
+_INHERITED: list[Any] = []
+
+
+def _fresh_connections(app: Celeriac, result_w: int) -> None:
+    # Keep the parent's connection objects alive but unused: closing an inherited SQLite
+    # or socket handle from the child could disturb the parent's use of it.
+    _INHERITED.append((app._transport, app._backend))
+    app._transport = app._backend = None
+    app._pid = os.getpid()
+    if transport_class(app.settings.broker_url).process_local:
+        app._transport = RelayTransport(app.settings.broker_url, app.settings, result_w)
+    if backend_class(app.settings.backend_url).process_local:
+        app._backend = RelayBackend(app.settings.backend_url, app.settings, result_w)
+
+
+class RelayTransport(Transport):
+    """In a child, publishes (task retries) to a broker that lives in the parent's memory."""
+
+    scheme = "relay"
+
+    def __init__(self, url: str, settings: Any, fd: int) -> None:
+        super().__init__(url, settings)
+        self.fd = fd
+
+    def publish_many(self, items: Sequence[Outgoing]) -> None:
+        for item in items:
+            self.check_size(item.message)
+            meta = {"queue": item.queue, "delay": item.delay,
+                    "envelope": item.message.envelope().decode()}
+            pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_PUBLISH, meta,
+                                                           item.message.body))
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float
+                    ) -> list[Delivery]:
+        raise NotImplementedError("pool children do not consume")
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        raise NotImplementedError
+
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+        raise NotImplementedError
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        raise NotImplementedError
+
+    async def heartbeat(self) -> int:
+        raise NotImplementedError
+
+    def queue_length(self, queue: str) -> int:
+        raise NotImplementedError
+
+    def purge(self, queue: str) -> int:
+        raise NotImplementedError
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        raise NotImplementedError
+
+
+class RelayBackend(ResultBackend):
+    """In a child, stores results in a backend that lives in the parent's memory."""
+
+    scheme = "relay"
+
+    def __init__(self, url: str, settings: Any, fd: int) -> None:
+        super().__init__(url, settings)
+        self.fd = fd
+
+    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
+             ) -> None:
+        meta = {"task_id": task_id, "content_type": content_type, "expires_at": expires_at}
+        pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_RESULT, meta, data))
+
+    def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        raise NotImplementedError("read results from the caller, not from a pool child")
+
+    def _wait(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def forget(self, task_id: str) -> None:
+        raise NotImplementedError
+
+    def cleanup(self) -> int:
+        return 0
+
+
+def decode_relayed_message(meta: dict[str, Any], body: bytes) -> Message:
+    return Message.from_envelope(meta["envelope"].encode(), body)

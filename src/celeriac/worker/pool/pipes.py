@@ -1,0 +1,137 @@
+"""Length-prefixed frames over the pipes between the worker and its pool children.
+
+A frame is ``!IB`` (payload length, kind) followed by the payload. Job frames carry
+the task's body bytes untouched after a small JSON header, so the parent never decodes
+or re-encodes a task body (DESIGN #5). The parent's ends are non-blocking and live on the
+event loop (``FrameWriter`` keeps an outbound buffer and waits with ``add_writer`` when
+a pipe is full); the child's ends are blocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+HEADER = struct.Struct("!IB")
+META_LEN = struct.Struct("!I")
+
+# Parent -> child
+JOB = 1
+STOP = 2
+# Child -> parent
+UP = 10
+DONE = 11
+RELAY_RESULT = 12  # a result for a backend that lives in the parent's memory
+RELAY_PUBLISH = 13  # a message for a transport that lives in the parent's memory
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def frame_with_blob(kind: int, meta: Any, blob: bytes) -> bytes:
+    """A JSON header and an opaque blob in one frame."""
+    head = orjson.dumps(meta)
+    return HEADER.pack(META_LEN.size + len(head) + len(blob), kind) + META_LEN.pack(
+        len(head)) + head + blob
+
+
+def split_blob(payload: bytes | memoryview) -> tuple[Any, bytes]:
+    (n,) = META_LEN.unpack_from(payload, 0)
+    start = META_LEN.size
+    return orjson.loads(payload[start:start + n]), bytes(payload[start + n:])
+
+
+class FrameReader:
+    """Accumulates bytes and yields complete ``(kind, payload)`` frames."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[tuple[int, bytes]]:
+        self.buffer += data
+        buf = self.buffer
+        pos = 0
+        while len(buf) - pos >= HEADER.size:
+            length, kind = HEADER.unpack_from(buf, pos)
+            end = pos + HEADER.size + length
+            if len(buf) < end:
+                break
+            yield kind, bytes(buf[pos + HEADER.size:end])
+            pos = end
+        if pos:
+            del buf[:pos]
+
+
+class FrameWriter:
+    """Non-blocking writes to one pipe with an outbound buffer (parent side)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.pending = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            self.pending += data
+            return
+        try:
+            n = os.write(self.fd, data)
+        except BlockingIOError:
+            n = 0
+        except (BrokenPipeError, OSError):
+            self.closed = True  # the child is gone; the supervisor will notice
+            return
+        if n < len(data):
+            self.pending += data[n:]
+            self.loop.add_writer(self.fd, self._flush)
+
+    def _flush(self) -> None:
+        try:
+            n = os.write(self.fd, self.pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.close()
+            return
+        del self.pending[:n]
+        if not self.pending:
+            self.loop.remove_writer(self.fd)
+
+    def close(self) -> None:
+        if self.pending:
+            self.loop.remove_writer(self.fd)
+            self.pending.clear()
+        if not self.closed:
+            self.closed = True
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def read_frame(fd: int, reader: FrameReader) -> Iterator[tuple[int, bytes]]:
+    """Blocking read of at least one frame (child side); yields nothing at EOF."""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            return
+        frames = list(reader.feed(data))
+        if frames:
+            yield from frames
+            return
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Blocking write of the whole buffer (child side)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

@@ -1,0 +1,298 @@
+"""The prefork pool (seed 000's AsynPool): N forked children driven from the event loop.
+
+Parent side, all on the worker's loop with no helper thread: each child has a job pipe
+(parent writes, non-blocking, with an outbound buffer) and a result pipe (registered with
+``add_reader``). ``children`` maps pid -> ``ChildProc``; ``by_fd`` maps a result pipe's fd
+to its child. A job goes only to an idle child that has reported UP, so a long task never
+holds up work while another child is free. Exits are reaped on SIGCHLD and by the
+supervisor tick (``supervisor.py``), which also replaces dead children, kills children that
+never report UP, and stops the worker on a restart storm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ... import states
+from ...errors import TimeLimitExceeded, WorkerLostError
+from ...protocol import Message
+from ..execute import Job, Outcome
+from ..timer import Entry, Timer
+from . import child as child_main
+from . import pipes
+from .base import OnDone, Pool
+from .supervisor import Supervisor, describe_status
+
+if TYPE_CHECKING:
+    from ...app import Celeriac
+
+logger = logging.getLogger("celeriac.worker.pool.prefork")
+
+
+@dataclass(eq=False)
+class ChildProc:
+    pid: int
+    writer: pipes.FrameWriter
+    result_fd: int
+    born: float
+    reader: pipes.FrameReader = field(default_factory=pipes.FrameReader)
+    up: bool = False
+    job: Job | None = None
+    hard_limit: Entry | None = None
+    retiring: bool = False
+    """Takes no new job; it exits after the current one (recycled, shrunk, stopping)."""
+    killed_for: str | None = None
+
+
+class PreforkPool(Pool):
+    def __init__(self, app: Celeriac, concurrency: int, on_done: OnDone) -> None:
+        super().__init__(app, concurrency, on_done)
+        s = app.settings
+        self.max_tasks_per_child = s.worker_max_tasks_per_child
+        self.max_memory_per_child = s.worker_max_memory_per_child
+        self.children: dict[int, ChildProc] = {}
+        self.by_fd: dict[int, ChildProc] = {}
+        self.closing = False
+        self._all_idle = asyncio.Event()
+        self._all_gone = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.timer = Timer(self.loop)
+        self.supervisor = Supervisor(self)
+        self._all_idle.set()
+        for _ in range(self.concurrency):
+            self.spawn()
+        self.supervisor.start()
+
+    def spawn(self) -> ChildProc:
+        job_r, job_w = os.pipe()
+        result_r, result_w = os.pipe()
+        # The child closes every parent-side end, its siblings' included: otherwise a
+        # sibling would hold our pipes open and EOF would never tell us a child died.
+        parent_fds = [job_w, result_r]
+        for c in self.children.values():
+            parent_fds += [c.writer.fd, c.result_fd]
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, measured by the fault tests
+            code = 1
+            try:
+                os.close(job_w)
+                os.close(result_r)
+                code = child_main.main(self.app, job_r, result_w, parent_fds,
+                                       self.max_tasks_per_child, self.max_memory_per_child)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(job_r)
+        os.close(result_w)
+        os.set_blocking(job_w, False)
+        os.set_blocking(result_r, False)
+        proc = ChildProc(pid, pipes.FrameWriter(self.loop, job_w), result_r, self.loop.time())
+        self.children[pid] = proc
+        self.by_fd[result_r] = proc
+        self._all_gone.clear()
+        self.loop.add_reader(result_r, self._on_readable, proc)
+        logger.debug("started child %d", pid)
+        return proc
+
+    async def join(self) -> None:
+        await self._all_idle.wait()
+
+    async def stop(self) -> None:
+        self.closing = True
+        for proc in list(self.children.values()):
+            self._retire(proc)
+        try:
+            await asyncio.wait_for(self._all_gone.wait(), 10.0)
+        except TimeoutError:
+            logger.warning("children did not exit within 10s of STOP; killing them")
+            await self.terminate()
+        self.supervisor.stop()
+
+    async def terminate(self) -> None:
+        self.closing = True
+        for proc in list(self.children.values()):
+            self._kill(proc, "cold shutdown")
+        await self.supervisor.reap_all(timeout=2.0)
+        self.supervisor.stop()
+
+    # -- dispatch -----------------------------------------------------------------------
+    def free_slots(self) -> int:
+        return sum(1 for c in self.children.values() if c.up and c.job is None and not c.retiring)
+
+    def running(self) -> list[Job]:
+        return [c.job for c in self.children.values() if c.job is not None]
+
+    def submit(self, job: Job) -> None:
+        proc = next(c for c in self.children.values()
+                    if c.up and c.job is None and not c.retiring)
+        hard, soft = self._limits(job)
+        proc.job = job
+        self._all_idle.clear()
+        if hard:
+            proc.hard_limit = self.timer.call_after(hard, self._hard_limit, proc, job, hard)
+        meta = {"id": job.id, "headers": job.headers, "content_type": job.content_type,
+                "queue": job.queue, "delivery_count": job.delivery_count,
+                "hostname": job.hostname, "soft_limit": soft}
+        proc.writer.write(pipes.frame_with_blob(pipes.JOB, meta, job.body))
+
+    def _limits(self, job: Job) -> tuple[float | None, float | None]:
+        limits = job.headers.get("timelimit") or (None, None)
+        task = self.app.tasks.get(job.headers["task"])
+        s = self.app.settings
+        hard = limits[0] or (task and task.options.time_limit) or s.task_time_limit
+        soft = limits[1] or (task and task.options.soft_time_limit) or s.task_soft_time_limit
+        return hard, soft
+
+    # -- child -> parent ----------------------------------------------------------------
+    def _on_readable(self, proc: ChildProc) -> None:
+        try:
+            data = os.read(proc.result_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._detach(proc)  # EOF: the child exited; the supervisor reaps it
+            self.supervisor.reap_soon()
+            return
+        for kind, payload in proc.reader.feed(data):
+            if kind == pipes.DONE:
+                self._on_done_frame(proc, payload)
+            elif kind == pipes.UP:
+                proc.up = True
+                self.on_ready()
+            elif kind == pipes.RELAY_RESULT:
+                meta, blob = pipes.split_blob(payload)
+                self.app.backend._put(meta["task_id"], meta["content_type"], blob,
+                                      meta["expires_at"])
+            elif kind == pipes.RELAY_PUBLISH:
+                meta, blob = pipes.split_blob(payload)
+                message = Message.from_envelope(meta["envelope"].encode(), blob)
+                self.app.transport.publish(meta["queue"], message, delay=meta["delay"])
+
+    def _on_done_frame(self, proc: ChildProc, payload: bytes) -> None:
+        done = orjson.loads(payload)
+        job = proc.job
+        if job is None or job.id != done["id"]:
+            return  # already settled (hard time limit fired as it finished)
+        self._finish(proc)
+        if done["retire"]:
+            proc.retiring = True  # the child exits by itself
+            logger.info("child %d recycled (max tasks or memory per child)", proc.pid)
+        elif proc.retiring:
+            proc.writer.write(pipes.frame(pipes.STOP))
+        self.on_done(job, Outcome(done["action"], done["state"], done["reason"],
+                                  done["runtime"]))
+        self.on_ready()
+
+    def _finish(self, proc: ChildProc) -> None:
+        proc.job = None
+        if proc.hard_limit is not None:
+            proc.hard_limit.cancel()
+            proc.hard_limit = None
+        if not any(c.job for c in self.children.values()):
+            self._all_idle.set()
+
+    # -- limits and losses --------------------------------------------------------------
+    def _hard_limit(self, proc: ChildProc, job: Job, limit: float) -> None:
+        if proc.job is not job:
+            return
+        name, task_id = job.headers["task"], job.headers["id"]
+        logger.error("Task %s[%s] hard time limit (%ss) exceeded; killing child %d",
+                     name, task_id, limit, proc.pid)
+        self._store_failure(job, TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
+        self._finish(proc)
+        self._kill(proc, "hard time limit")
+        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit"))
+
+    def on_child_exit(self, proc: ChildProc, status: int) -> None:
+        """Called by the supervisor once ``proc`` has been reaped."""
+        self._detach(proc)
+        self.children.pop(proc.pid, None)
+        how = describe_status(status)
+        job = proc.job
+        if job is not None:
+            self._finish(proc)
+            self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
+        if not self.children:
+            self._all_gone.set()
+        planned = proc.retiring or proc.killed_for in ("hard time limit", "cold shutdown")
+        if not planned:
+            logger.error("child %d %s", proc.pid, how)
+        if not self.closing:
+            if not planned and not self.supervisor.allow_restart(proc, how):
+                return
+            if len(self.children) < self.concurrency:
+                self.spawn()
+
+    def _lost(self, job: Job, how: str) -> Outcome:
+        name, task_id = job.headers["task"], job.headers["id"]
+        task = self.app.tasks.get(name)
+        acks_late = task.acks_late if task is not None else True
+        limit = self.app.settings.task_max_deliveries
+        if acks_late and job.delivery_count < limit:
+            logger.error("Task %s[%s] lost: %s; redelivering (delivery %d of %d)",
+                         name, task_id, how, job.delivery_count, limit)
+            return Outcome("requeue", reason=how)
+        reason = (f"{how} (delivery {job.delivery_count} of {limit})" if acks_late
+                  else f"{how}; acks_late=False, not redelivered")
+        logger.error("Task %s[%s] failed: WorkerLostError: %s", name, task_id, reason)
+        self._store_failure(job, WorkerLostError(reason))
+        return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason)
+
+    def _store_failure(self, job: Job, exc: BaseException) -> None:
+        if job.headers.get("ignore_result"):
+            return
+        try:
+            self.app.backend.store(job.headers["id"], states.FAILURE, exc,
+                                   retries=int(job.headers.get("retries") or 0))
+        except Exception:
+            logger.exception("Task [%s] could not store its failure", job.headers["id"])
+
+    # -- sizing -------------------------------------------------------------------------
+    def grow(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.concurrency += 1
+            self.spawn()
+        logger.info("pool grew by %d to %d", n, self.concurrency)
+
+    def shrink(self, n: int = 1) -> None:
+        n = min(n, self.concurrency - 1)
+        if n <= 0:
+            return
+        # Idle children first; busy ones finish their task before they go.
+        candidates = sorted((c for c in self.children.values() if not c.retiring),
+                            key=lambda c: c.job is not None)
+        for proc in candidates[:n]:
+            self._retire(proc)
+        self.concurrency -= n
+        logger.info("pool shrank by %d to %d", n, self.concurrency)
+
+    def _retire(self, proc: ChildProc) -> None:
+        proc.retiring = True
+        if proc.job is None:
+            proc.writer.write(pipes.frame(pipes.STOP))
+
+    def _kill(self, proc: ChildProc, why: str) -> None:
+        proc.killed_for = why
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+
+    def _detach(self, proc: ChildProc) -> None:
+        if self.by_fd.pop(proc.result_fd, None) is not None:
+            self.loop.remove_reader(proc.result_fd)
+            os.close(proc.result_fd)
+            proc.writer.close()
