@@ -136,9 +136,14 @@ class WorkerProcess:
 
 
 class ThreadedWorker:
-    """A ``Worker`` on its own event loop in a thread; a context manager."""
+    """A ``Worker`` on its own event loop in a thread; a context manager.
+
+    It uses the solo pool unless told otherwise: tasks then run in this process, where
+    the test can see what they did (forking from a thread is not something to test with).
+    """
 
     def __init__(self, app: Celeriac, **options: Any) -> None:
+        options.setdefault("pool", "solo")
         self.worker: Worker = app.worker(install_signal_handlers=False, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="celeriac-worker", daemon=True)

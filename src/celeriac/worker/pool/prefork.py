@@ -214,8 +214,8 @@ class PreforkPool(Pool):
         logger.error("Task %s[%s] hard time limit (%ss) exceeded; killing child %d",
                      name, task_id, limit, proc.pid)
         self._store_failure(job, TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
-        self._finish(proc)
         self._kill(proc, "hard time limit")
+        self._finish(proc)
         self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit"))
 
     def on_child_exit(self, proc: ChildProc, status: int) -> None:
@@ -288,6 +288,7 @@ class PreforkPool(Pool):
 
     def _kill(self, proc: ChildProc, why: str) -> None:
         proc.killed_for = why
+        proc.retiring = True  # a dying child gets no new job
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
 

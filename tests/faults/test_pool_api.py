@@ -1,0 +1,72 @@
+"""The prefork pool driven directly on an event loop in this process (real children)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from celeriac import Celeriac
+from celeriac.worker.execute import Job, Outcome
+from celeriac.worker.pool.prefork import PreforkPool
+
+pytestmark = pytest.mark.slow
+
+
+def make_app() -> Celeriac:
+    url = f"memory://{uuid.uuid4().hex}"
+    app = Celeriac("pool", broker=url, backend=url)
+
+    @app.task(name="pid")
+    def pid() -> int:
+        return os.getpid()
+
+    return app
+
+
+async def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def test_grow_and_shrink() -> None:
+    app = make_app()
+    done: list[tuple[Job, Outcome]] = []
+
+    async def main() -> None:
+        pool = PreforkPool(app, 1, lambda job, outcome: done.append((job, outcome)))
+        await pool.start()
+        await wait_for(lambda: pool.free_slots() == 1)
+        pool.grow(2)
+        await wait_for(lambda: pool.free_slots() == 3)
+        assert len(pool.children) == 3
+        pool.shrink(2)
+        await wait_for(lambda: len(pool.children) == 1)
+        assert pool.concurrency == 1 and pool.free_slots() == 1
+        pool.shrink(5)  # never below one child
+        assert pool.concurrency == 1
+        await pool.stop()
+        assert pool.children == {}
+
+    asyncio.run(main())
+
+
+def test_memory_backend_results_are_relayed_through_the_parent() -> None:
+    app = make_app()
+
+    async def main() -> list[int]:
+        worker = app.worker(pool="prefork", concurrency=2, install_signal_handlers=False)
+        running = asyncio.ensure_future(worker.run_async())
+        results = [app.send_task("pid") for _ in range(20)]
+        await wait_for(lambda: all(r.ready() for r in results))
+        worker.shutdown()
+        assert await asyncio.wait_for(running, 10) == 0
+        return [r.get(timeout=1) for r in results]
+
+    pids = asyncio.run(main())
+    assert os.getpid() not in pids  # ran in the children
+    assert 1 <= len(set(pids)) <= 2
