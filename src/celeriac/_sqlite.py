@@ -20,6 +20,7 @@ import socket
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -119,7 +120,10 @@ class Doorbell:
             mtime = self.dir.stat().st_mtime_ns
         except FileNotFoundError:
             return
-        if mtime != self._peers_mtime:
+        # The cached listing is trusted only once the directory's mtime is safely in the
+        # past: on a filesystem with coarse timestamps a listener bound in the same tick
+        # as our last listing would not change the mtime we compare against.
+        if mtime != self._peers_mtime or time.time_ns() - mtime < 50_000_000:
             self._peers = [str(p) for p in self.dir.iterdir()]
             self._peers_mtime = mtime
         sender = self._sender_socket()
@@ -144,17 +148,28 @@ class Doorbell:
 
     # -- listening ----------------------------------------------------------------------
     def listen(self) -> Listener:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return Listener(self.dir)
+        for _ in range(5):
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                return Listener(self.dir)
+            except FileNotFoundError:
+                continue  # the last listener's close() removed the directory meanwhile
+        raise OSError(f"cannot create a doorbell socket in {self.dir}")
 
 
 class Listener:
     """A bound doorbell socket; ``wait`` and ``await wait_async`` return when rung."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}")
+        self.directory = directory
+        self.pid = os.getpid()
+        self.path = str(directory / f"{self.pid}-{os.urandom(4).hex()}")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
+        try:
+            self.sock.bind(self.path)
+        except OSError:
+            self.sock.close()
+            raise
         self.sock.setblocking(False)
 
     def drain(self) -> None:
@@ -188,3 +203,7 @@ class Listener:
         self.sock.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+        # Leave no empty directories behind (rmdir fails harmlessly while others listen).
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
+            self.directory.parent.rmdir()

@@ -6,8 +6,9 @@ A reader accepts only the serializers listed in ``accept_content``; anything els
 
 from __future__ import annotations
 
+import functools
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -79,8 +80,13 @@ def get_serializer(name: str) -> Serializer:
     return serializer
 
 
-def accepted_content_types(accept: Iterable[str]) -> frozenset[str]:
-    """Content types for ``accept_content`` names (names or content types both work)."""
+@functools.lru_cache(maxsize=32)
+def accepted_content_types(accept: tuple[str, ...]) -> frozenset[str]:
+    """Content types for ``accept_content`` names (names or content types both work).
+
+    ``accept`` must be hashable (settings hold a tuple); results are cached because the
+    executing process asks for every task.
+    """
     types = set()
     for item in accept:
         types.add(item if "/" in item else get_serializer(item).content_type)

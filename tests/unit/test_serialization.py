@@ -6,7 +6,7 @@ import pytest
 from celeriac import ContentDisallowed, DecodeError, EncodeError
 from celeriac.serialization import accepted_content_types, dumps, loads
 
-JSON_ONLY = accepted_content_types(["json"])
+JSON_ONLY = accepted_content_types(("json",))
 
 
 def test_json_round_trip_with_common_types() -> None:
@@ -26,12 +26,12 @@ def test_pickle_is_refused_unless_accepted() -> None:
     ct, data = dumps({"a": 1}, "pickle")
     with pytest.raises(ContentDisallowed, match="not accepted"):
         loads(data, ct, JSON_ONLY)
-    assert loads(data, ct, accepted_content_types(["json", "pickle"])) == {"a": 1}
+    assert loads(data, ct, accepted_content_types(("json", "pickle"))) == {"a": 1}
 
 
 def test_msgpack_round_trip() -> None:
     ct, data = dumps([[1, 2], {"x": b"bytes"}], "msgpack")
-    assert loads(data, ct, accepted_content_types(["msgpack"])) == [[1, 2], {"x": b"bytes"}]
+    assert loads(data, ct, accepted_content_types(("msgpack",))) == [[1, 2], {"x": b"bytes"}]
 
 
 def test_garbage_is_decode_error() -> None:

@@ -131,23 +131,49 @@ class ResultBackend(abc.ABC):
         Returns the ready results seen (fewer than asked on timeout). ``on_ready`` is
         called once per result as it becomes ready (progress bars).
         """
-        pending = list(dict.fromkeys(task_ids))
+        pending = set(task_ids)
         done: dict[str, ResultMeta] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
+        # The cursor is taken before the first full read, so a result written during it
+        # shows up in the next change set: nothing falls between the two.
+        cursor = self._cursor()
+        candidates: list[str] | set[str] = pending
         while True:
-            for start in range(0, len(pending), 500):
-                for tid, meta in self.get_many(pending[start:start + 500]).items():
-                    if meta.ready:
-                        done[tid] = meta
-                        if on_ready:
-                            on_ready(meta)
-            pending = [t for t in pending if t not in done]
+            self._collect(candidates, pending, done, on_ready)
             if not pending:
                 return done
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return done
             self._wait(min(remaining, 1.0))
+            changes = self._changes(cursor) if cursor is not None else None
+            if changes is None:
+                cursor, candidates = self._cursor(), pending
+            else:
+                cursor, written = changes
+                candidates = {t for t in written if t in pending}
+
+    def _collect(self, candidates: Iterable[str], pending: set[str],
+                 done: dict[str, ResultMeta], on_ready: Callable[[ResultMeta], None] | None
+                 ) -> None:
+        batch = list(candidates)
+        for start in range(0, len(batch), 500):
+            for tid, meta in self.get_many(batch[start:start + 500]).items():
+                if meta.ready and tid in pending:
+                    pending.discard(tid)
+                    done[tid] = meta
+                    if on_ready:
+                        on_ready(meta)
+
+    # A change feed lets ``wait_for`` read only what was written since it last looked,
+    # so waiting for N results costs O(N), not O(N^2). Backends without one rescan.
+    def _cursor(self) -> int | None:
+        """A position in the backend's write order, or None if it keeps none."""
+        return None
+
+    def _changes(self, cursor: int) -> tuple[int, list[str]] | None:
+        """Ids written after ``cursor`` and the new cursor; None to ask for a rescan."""
+        return None
 
 
 _REGISTRY: dict[str, type[ResultBackend]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .base import ResultBackend
@@ -12,8 +13,23 @@ from .base import ResultBackend
 if TYPE_CHECKING:
     from ..settings import Settings
 
-_Store = dict[str, tuple[str, bytes, float | None]]
-_STORES: dict[str, tuple[_Store, threading.Condition]] = {}
+_LOG_LIMIT = 100_000
+
+
+@dataclass
+class _Store:
+    results: dict[str, tuple[str, bytes, float | None]] = field(default_factory=dict)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    log: list[str] = field(default_factory=list)
+    """Ids in the order they were written; ``log_base`` is the position of ``log[0]``."""
+    log_base: int = 0
+
+    @property
+    def version(self) -> int:
+        return self.log_base + len(self.log)
+
+
+_STORES: dict[str, _Store] = {}
 _LOCK = threading.Lock()
 
 
@@ -24,34 +40,58 @@ class MemoryBackend(ResultBackend):
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
         with _LOCK:
-            self._store, self._changed = _STORES.setdefault(
-                url.rstrip("/"), ({}, threading.Condition())
-            )
+            self._s = _STORES.setdefault(url.rstrip("/"), _Store())
+        self._seen = threading.local()
 
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
-        with self._changed:
-            self._store[task_id] = (content_type, data, expires_at)
-            self._changed.notify_all()
+        s = self._s
+        with s.changed:
+            s.results[task_id] = (content_type, data, expires_at)
+            s.log.append(task_id)
+            if len(s.log) > _LOG_LIMIT:
+                drop = len(s.log) // 2
+                del s.log[:drop]
+                s.log_base += drop
+            s.changed.notify_all()
 
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        s = self._s
         now = time.time()
-        with self._changed:
-            found = {t: self._store[t] for t in task_ids if t in self._store}
+        with s.changed:
+            self._seen.version = s.version
+            found = {t: s.results[t] for t in task_ids if t in s.results}
         return {t: (ct, d) for t, (ct, d, exp) in found.items() if exp is None or exp > now}
 
+    def _changes(self, cursor: int) -> tuple[int, list[str]] | None:
+        s = self._s
+        with s.changed:
+            self._seen.version = s.version
+            if cursor < s.log_base:
+                return None  # the log was trimmed past the cursor: rescan
+            return s.version, s.log[cursor - s.log_base:]
+
+    def _cursor(self) -> int:
+        with self._s.changed:
+            return self._s.version
+
     def _wait(self, timeout: float) -> None:
-        with self._changed:
-            self._changed.wait(timeout)
+        s = self._s
+        seen = getattr(self._seen, "version", -1)
+        with s.changed:
+            # Sleep only if nothing was written since this thread last read: a write
+            # between that read and this wait must not be slept through.
+            s.changed.wait_for(lambda: s.version != seen, timeout)
 
     def forget(self, task_id: str) -> None:
-        with self._changed:
-            self._store.pop(task_id, None)
+        with self._s.changed:
+            self._s.results.pop(task_id, None)
 
     def cleanup(self) -> int:
         now = time.time()
-        with self._changed:
-            expired = [t for t, (_, _, exp) in self._store.items() if exp and exp <= now]
+        s = self._s
+        with s.changed:
+            expired = [t for t, (_, _, exp) in s.results.items() if exp and exp <= now]
             for t in expired:
-                del self._store[t]
+                del s.results[t]
         return len(expired)

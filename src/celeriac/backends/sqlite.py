@@ -2,15 +2,20 @@
 
 Schema::
 
-    results(task_id TEXT PRIMARY KEY, content_type, data BLOB, expires REAL)
+    results(seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT UNIQUE, content_type,
+            data BLOB, expires REAL)
 
 ``expires`` is unix time (NULL: never). Readers ignore expired rows; ``cleanup`` deletes
-them (the worker calls it on its Timer). Writers ring the ``results`` doorbell, so
-``AsyncResult.get()`` sleeps until a result is written instead of polling.
+them (the worker calls it on its Timer). Every write replaces the row and so takes a new,
+never reused ``seq``: ``wait_for`` reads only rows with ``seq`` past its cursor. Writers
+ring the ``results`` doorbell, so ``AsyncResult.get()`` sleeps until a result is written
+instead of polling.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -23,7 +28,8 @@ if TYPE_CHECKING:
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
-    task_id TEXT PRIMARY KEY,
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL UNIQUE,
     content_type TEXT NOT NULL,
     data BLOB NOT NULL,
     expires REAL
@@ -40,7 +46,18 @@ class SQLiteBackend(ResultBackend):
         self.path = path_from_url(url)
         self.db = Database(self.path, SCHEMA)
         self.bell = Doorbell(self.path, "results")
-        self._listener: Listener | None = None
+        self._local = threading.local()
+        self._listeners: list[Listener] = []
+
+    def _listener(self) -> Listener:
+        # One per thread (and process): a thread's read drains only its own rings, so it
+        # can never swallow the ring another thread is about to sleep on.
+        listener: Listener | None = getattr(self._local, "listener", None)
+        if listener is None or self._local.pid != os.getpid():
+            listener = self.bell.listen()
+            self._local.listener, self._local.pid = listener, os.getpid()
+            self._listeners.append(listener)
+        return listener
 
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
@@ -52,11 +69,9 @@ class SQLiteBackend(ResultBackend):
         self.bell.ring()
 
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
-        if self._listener is None:
-            # Listen before the first read, so a result written between this read and
-            # the following _wait still rings us.
-            self._listener = self.bell.listen()
-        self._listener.drain()
+        # Listen (and drain) before reading, so a result written between this read and
+        # the following _wait still rings us.
+        self._listener().drain()
         marks = ",".join("?" * len(task_ids))
         rows = self.db.conn().execute(
             f"SELECT task_id, content_type, data FROM results WHERE task_id IN ({marks})"
@@ -64,10 +79,20 @@ class SQLiteBackend(ResultBackend):
         ).fetchall()
         return {tid: (ct, data) for tid, ct, data in rows}
 
+    def _cursor(self) -> int:
+        self._listener().drain()
+        row = self.db.conn().execute("SELECT coalesce(max(seq), 0) FROM results").fetchone()
+        return int(row[0])
+
+    def _changes(self, cursor: int) -> tuple[int, list[str]]:
+        self._listener().drain()
+        rows = self.db.conn().execute(
+            "SELECT seq, task_id FROM results WHERE seq > ? ORDER BY seq", (cursor,)
+        ).fetchall()
+        return (rows[-1][0] if rows else cursor), [r[1] for r in rows]
+
     def _wait(self, timeout: float) -> None:
-        if self._listener is None:
-            self._listener = self.bell.listen()
-        self._listener.wait(timeout)
+        self._listener().wait(timeout)
 
     def forget(self, task_id: str) -> None:
         with self.db.transaction() as conn:
@@ -80,7 +105,9 @@ class SQLiteBackend(ResultBackend):
             ).rowcount
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        for listener in self._listeners:
+            if listener.pid == os.getpid():
+                listener.close()
+        self._listeners.clear()
+        self._local = threading.local()
         self.db.close()

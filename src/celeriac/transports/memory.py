@@ -27,9 +27,17 @@ if TYPE_CHECKING:
 class _Record:
     id: int
     queue: str
-    message: Message
+    envelope: bytes
+    """The message as published, serialized: what a consumer gets is a fresh copy, as
+    from a real broker, never the producer's own (mutable) headers."""
+    body: bytes
+    priority: int
     deliveries: int = 0
     owner: str | None = None
+
+    @property
+    def message(self) -> Message:
+        return Message.from_envelope(self.envelope, self.body)
 
 
 @dataclass
@@ -49,7 +57,7 @@ class _Broker:
     def push(self, record: _Record) -> None:
         heapq.heappush(
             self.ready.setdefault(record.queue, []),
-            (-record.message.priority, record.id, record),
+            (-record.priority, record.id, record),
         )
 
     def promote(self, now: float) -> None:
@@ -91,7 +99,8 @@ class MemoryTransport(Transport):
         now = time.time()
         with b.lock:
             for item in items:
-                record = _Record(next(b.ids), item.queue, item.message)
+                m = item.message
+                record = _Record(next(b.ids), item.queue, m.envelope(), m.body, m.priority)
                 if item.delay and item.delay > 0:
                     heapq.heappush(b.delayed, (now + item.delay, record.id, record))
                 else:

@@ -96,7 +96,7 @@ class Worker:
             import uvloop
         except ImportError:
             return asyncio.run(self.run_async())
-        return uvloop.run(self.run_async())  # type: ignore[no-any-return]
+        return uvloop.run(self.run_async())
 
     async def run_async(self) -> int:
         loop = asyncio.get_running_loop()

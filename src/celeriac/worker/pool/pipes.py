@@ -54,19 +54,25 @@ class FrameReader:
     def __init__(self) -> None:
         self.buffer = bytearray()
 
-    def feed(self, data: bytes) -> Iterator[tuple[int, bytes]]:
-        self.buffer += data
-        buf = self.buffer
-        pos = 0
-        while len(buf) - pos >= HEADER.size:
-            length, kind = HEADER.unpack_from(buf, pos)
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        # The common case, one or more whole frames and nothing buffered, slices ``data``
+        # directly; only a partial frame is copied into the buffer.
+        if self.buffer:
+            self.buffer += data
+            data = bytes(self.buffer)
+            self.buffer.clear()
+        frames = []
+        pos, size = 0, len(data)
+        while size - pos >= HEADER.size:
+            length, kind = HEADER.unpack_from(data, pos)
             end = pos + HEADER.size + length
-            if len(buf) < end:
+            if size < end:
                 break
-            yield kind, bytes(buf[pos + HEADER.size:end])
+            frames.append((kind, data[pos + HEADER.size:end]))
             pos = end
-        if pos:
-            del buf[:pos]
+        if pos < size:
+            self.buffer += data[pos:]
+        return frames
 
 
 class FrameWriter:
@@ -123,7 +129,7 @@ def read_frame(fd: int, reader: FrameReader) -> Iterator[tuple[int, bytes]]:
         data = os.read(fd, 1 << 16)
         if not data:
             return
-        frames = list(reader.feed(data))
+        frames = reader.feed(data)
         if frames:
             yield from frames
             return

@@ -1,0 +1,75 @@
+"""The benchmark's celeriac app and its one no-op task.
+
+The bench process calls ``make_app(url)`` for a fresh app per run. A worker subprocess
+loads the module-level ``app`` (``celeriac -A tasks worker``), which reads its settings
+from ``CELERIAC_*`` variables (``CELERIAC_BROKER_URL``), so both sides meet on one file.
+
+Two switches, set only by ``bench/run.py`` for the worker it starts:
+
+- ``CELERIAC_BENCH_READY=1``: print ``celeriac-bench-ready <unix time>`` on stdout once
+  the worker is consuming, so the drain is timed from then, not from process spawn.
+- ``CELERIAC_BENCH_PARENT=<pid>``: warm-stop this worker if that process goes away (the
+  bench was SIGKILLed and could not clean up).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celeriac import Celeriac, Hooks, Settings
+from celeriac.tasks import Task
+
+NOOP = "bench.noop"
+READY_LINE = "celeriac-bench-ready"
+
+
+def make_app(broker_url: str | None = None) -> tuple[Celeriac, Task[[], None]]:
+    """An app with the no-op task: on ``broker_url`` with results beside it (default
+    settings otherwise), or, without a URL, on the ``CELERIAC_*`` environment."""
+    settings = Settings.from_env() if broker_url is None else Settings(broker_url=broker_url)
+    app = Celeriac("bench", settings=settings)
+
+    @app.task(name=NOOP)
+    def noop() -> None:
+        return None
+
+    return app, noop
+
+
+class OnReady(Hooks):
+    """Calls ``callback(unix_time)`` when the worker starts consuming."""
+
+    def __init__(self, callback: Callable[[float], None]) -> None:
+        self.callback = callback
+
+    def after_worker_start(self, worker: Any) -> None:
+        self.callback(time.time())
+
+
+def _announce(at: float) -> None:
+    sys.stdout.write(f"{READY_LINE} {at!r}\n")
+    sys.stdout.flush()
+
+
+def _watch_parent(pid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != pid:
+            os.kill(os.getpid(), signal.SIGTERM)  # warm shutdown
+            time.sleep(15)
+            os._exit(3)
+
+
+app, noop = make_app()
+
+if os.environ.get("CELERIAC_BENCH_READY"):
+    app.add_hooks(OnReady(_announce))
+if parent := os.environ.get("CELERIAC_BENCH_PARENT"):
+    threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True,
+                     name="bench-parent-watch").start()

@@ -1,0 +1,96 @@
+"""Fixtures for the transport and result-backend contract suites.
+
+Every contract test takes ``transport`` or ``backend`` and so runs once per
+implementation. A new broker or store joins the suites by adding one entry to
+``TRANSPORT_URLS`` or ``BACKEND_URLS``: a function that returns a fresh, isolated URL for
+one test (a unique name, a temporary file, a new Redis database or key prefix...).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celeriac.backends.base import ResultBackend, backend_class, create_backend
+from celeriac.settings import Settings
+from celeriac.transports.base import Transport, create_transport, transport_class
+
+TRANSPORT_URLS: dict[str, Callable[[Path], str]] = {
+    "memory": lambda tmp: f"memory://{uuid.uuid4().hex}",
+    "sqlite": lambda tmp: f"sqlite:///{tmp / 'broker.db'}",
+}
+
+BACKEND_URLS: dict[str, Callable[[Path], str]] = {
+    "memory": lambda tmp: f"memory://{uuid.uuid4().hex}",
+    "sqlite": lambda tmp: f"sqlite:///{tmp / 'results.db'}",
+}
+
+
+class TransportFactory:
+    """Makes transports that all talk to one broker (one URL), and closes them after."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+        self._made: list[Transport] = []
+
+    @property
+    def process_local(self) -> bool:
+        """True when the broker cannot be shared with other processes."""
+        return transport_class(self.url).process_local
+
+    def settings(self, **changes: Any) -> Settings:
+        return Settings(broker_url=self.url, **changes)
+
+    def __call__(self, **settings: Any) -> Transport:
+        """A new transport instance (a new connection) on this test's broker."""
+        t = create_transport(self.url, self.settings(**settings))
+        self._made.append(t)
+        return t
+
+    def close_all(self) -> None:
+        for t in self._made:
+            t.close()
+
+
+class BackendFactory:
+    """Makes result backends that all use one store (one URL), and closes them after."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+        self._made: list[ResultBackend] = []
+
+    @property
+    def process_local(self) -> bool:
+        return backend_class(self.url).process_local
+
+    def settings(self, **changes: Any) -> Settings:
+        return Settings(result_backend=self.url, **changes)
+
+    def __call__(self, **settings: Any) -> ResultBackend:
+        b = create_backend(self.url, self.settings(**settings))
+        self._made.append(b)
+        return b
+
+    def close_all(self) -> None:
+        for b in self._made:
+            b.close()
+
+
+@pytest.fixture(params=sorted(TRANSPORT_URLS))
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransportFactory]:
+    factory = TransportFactory(request.param, TRANSPORT_URLS[request.param](tmp_path))
+    yield factory
+    factory.close_all()
+
+
+@pytest.fixture(params=sorted(BACKEND_URLS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BackendFactory]:
+    factory = BackendFactory(request.param, BACKEND_URLS[request.param](tmp_path))
+    yield factory
+    factory.close_all()
