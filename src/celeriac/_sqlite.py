@@ -21,11 +21,14 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from .errors import BrokerUnavailable, ConfigurationError
+
+T = TypeVar("T")
 
 
 def path_from_url(url: str) -> str:
@@ -46,7 +49,15 @@ def path_from_url(url: str) -> str:
 
 
 class Database:
-    """One SQLite file: lazily opened per-thread connections and schema setup."""
+    """One SQLite file: lazily opened per-thread connections and schema setup.
+
+    Lock waits are ours, not SQLite's: its busy handler sleeps at least 1 ms (then 2, 5,
+    10 ms...) whenever another connection holds the write lock, which is an eternity next
+    to the tens of microseconds a write transaction here takes, and it made processes
+    sharing the file queue behind sleeping waiters. Connections are opened with no busy
+    timeout and ``_retry`` backs off from 20 us, doubling up to 2 ms, until
+    ``busy_timeout`` seconds have passed.
+    """
 
     def __init__(self, path: str, schema: str, busy_timeout: float = 30.0) -> None:
         self.path = path
@@ -60,11 +71,9 @@ class Database:
         if conn is not None and local.pid == os.getpid():
             return conn
         try:
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None,
-                check_same_thread=False,
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None,
+                                   check_same_thread=False)
+            self._retry(conn.execute, "PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or
             # power loss can lose the last transactions.
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -80,13 +89,36 @@ class Database:
         self, conn: sqlite3.Connection | None = None, immediate: bool = True
     ) -> Iterator[sqlite3.Connection]:
         conn = conn or self.conn()
-        conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        self._retry(conn.execute, "BEGIN IMMEDIATE" if immediate else "BEGIN")
         try:
             yield conn
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+        self._retry(conn.execute, "COMMIT")
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Rows of a read-only statement (outside a transaction)."""
+        conn = self.conn()
+        return self._retry(lambda: conn.execute(sql, params).fetchall())
+
+    def _retry(self, fn: Callable[..., T], *args: Any) -> T:
+        delay, deadline = 20e-6, None
+        while True:
+            try:
+                return fn(*args)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self.busy_timeout
+                if now >= deadline:
+                    raise BrokerUnavailable(
+                        f"SQLite database {self.path!r} stayed locked for "
+                        f"{self.busy_timeout:g}s: {exc}"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 2e-3)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -146,6 +146,10 @@ class ResultBackend(abc.ABC):
             if remaining <= 0:
                 return done
             self._wait(min(remaining, 1.0))
+            if len(pending) > 1:
+                # Waiting for many: let results accumulate briefly so one read collects
+                # a batch, instead of competing with the workers for CPU per result.
+                time.sleep(min(BATCH_PAUSE, max(remaining, 0)))
             changes = self._changes(cursor) if cursor is not None else None
             if changes is None:
                 cursor, candidates = self._cursor(), pending
@@ -175,6 +179,8 @@ class ResultBackend(abc.ABC):
         """Ids written after ``cursor`` and the new cursor; None to ask for a rescan."""
         return None
 
+
+BATCH_PAUSE = 0.005
 
 _REGISTRY: dict[str, type[ResultBackend]] = {}
 

@@ -73,22 +73,20 @@ class SQLiteBackend(ResultBackend):
         # the following _wait still rings us.
         self._listener().drain()
         marks = ",".join("?" * len(task_ids))
-        rows = self.db.conn().execute(
+        rows = self.db.read(
             f"SELECT task_id, content_type, data FROM results WHERE task_id IN ({marks})"
             " AND (expires IS NULL OR expires > ?)", (*task_ids, time.time()),
-        ).fetchall()
+        )
         return {tid: (ct, data) for tid, ct, data in rows}
 
     def _cursor(self) -> int:
         self._listener().drain()
-        row = self.db.conn().execute("SELECT coalesce(max(seq), 0) FROM results").fetchone()
-        return int(row[0])
+        return int(self.db.read("SELECT coalesce(max(seq), 0) FROM results")[0][0])
 
     def _changes(self, cursor: int) -> tuple[int, list[str]]:
         self._listener().drain()
-        rows = self.db.conn().execute(
-            "SELECT seq, task_id FROM results WHERE seq > ? ORDER BY seq", (cursor,)
-        ).fetchall()
+        rows = self.db.read("SELECT seq, task_id FROM results WHERE seq > ? ORDER BY seq",
+                            (cursor,))
         return (rows[-1][0] if rows else cursor), [r[1] for r in rows]
 
     def _wait(self, timeout: float) -> None:

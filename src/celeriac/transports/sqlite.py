@@ -125,11 +125,11 @@ class SQLiteTransport(Transport):
         marks = ",".join("?" * len(queues))
         now = time.time()
         # A read first: an idle consumer must not take the write lock on every wake-up.
-        ready, next_eta = conn.execute(
+        ready, next_eta = self.db.read(
             f"SELECT EXISTS(SELECT 1 FROM messages WHERE owner IS NULL AND eta IS NULL"
             f" AND queue IN ({marks})), (SELECT min(eta) FROM messages WHERE eta IS NOT NULL)",
             (*queues,),
-        ).fetchone()
+        )[0]
         if not ready and (next_eta is None or next_eta > now):
             return [], next_eta
         with self.db.transaction(conn):
@@ -210,10 +210,10 @@ class SQLiteTransport(Transport):
 
     # -- administration -----------------------------------------------------------------
     def queue_length(self, queue: str) -> int:
-        row = self.db.conn().execute(
+        row = self.db.read(
             "SELECT count(*) FROM messages WHERE queue = ? AND owner IS NULL AND eta IS NULL",
             (queue,),
-        ).fetchone()
+        )[0]
         return int(row[0])
 
     def purge(self, queue: str) -> int:
@@ -223,10 +223,10 @@ class SQLiteTransport(Transport):
             ).rowcount
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        rows = self.db.conn().execute(
+        rows = self.db.read(
             "SELECT id, queue, reason, deliveries, dead_at, envelope, body FROM dead_letters"
             " ORDER BY id LIMIT ?", (limit,),
-        ).fetchall()
+        )
         return [DeadLetter(r[0], r[1], r[2], _message(r[5], r[6]), r[3], r[4]) for r in rows]
 
     def close(self) -> None:
