@@ -42,6 +42,7 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import pool_overhead  # noqa: E402
 import tasks as bench_tasks  # noqa: E402  (bench/tasks.py, also the worker's -A module)
 
 from celeriac import Celeriac  # noqa: E402
@@ -144,11 +145,11 @@ class CeleriacSystem(System):
 class CeleriacSQLite(CeleriacSystem):
     """The embedded broker: one SQLite file for messages and results, a worker process."""
 
-    name = "celeriac sqlite"
-    detail = ("broker + results in one SQLite file (WAL); worker: "
-              "`celeriac -A tasks worker --pool solo -l warning` subprocess")
-
-    def __init__(self) -> None:
+    def __init__(self, pool: str = "solo", concurrency: int = 1) -> None:
+        self.pool, self.concurrency = pool, concurrency
+        self.name = f"celeriac sqlite {pool}" + (f" x{concurrency}" if pool != "solo" else "")
+        self.detail = ("broker + results in one SQLite file (WAL); worker: `celeriac -A tasks "
+                       f"worker --pool {pool} -c {concurrency} -l warning` subprocess")
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self.db_path: Path | None = None
@@ -166,7 +167,8 @@ class CeleriacSQLite(CeleriacSystem):
         assert self.db_path is not None and self.log_path is not None
         exe = Path(sys.executable).with_name("celeriac")
         argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "celeriac"]
-        argv += ["-A", "tasks", "worker", "--pool", "solo", "-l", "warning"]
+        argv += ["-A", "tasks", "worker", "--pool", self.pool, "-c", str(self.concurrency),
+                 "-l", "warning"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERIAC_")}
         env.update(
             CELERIAC_BROKER_URL=f"sqlite:///{self.db_path}",
@@ -233,11 +235,13 @@ class CeleriacMemory(CeleriacSystem):
     """The in-process broker: producer and worker (its own event loop, in a thread) in
     this process, so they share one GIL."""
 
-    name = "celeriac memory"
-    detail = ("in-process broker + results; worker: Worker(pool='solo') on its own event "
-              "loop in a thread of the bench process")
-
-    def __init__(self) -> None:
+    def __init__(self, pool: str = "solo", concurrency: int = 1) -> None:
+        self.pool, self.concurrency = pool, concurrency
+        self.name = f"celeriac memory {pool}" + (f" x{concurrency}" if pool != "solo" else "")
+        self.detail = (f"in-process broker + results; worker: Worker(pool={pool!r}, "
+                       f"concurrency={concurrency}) on its own event loop in a thread of the "
+                       "bench process" + ("; children relay results through it"
+                                          if pool == "prefork" else ""))
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.worker: Any = None
@@ -257,7 +261,8 @@ class CeleriacMemory(CeleriacSystem):
 
         # Added after the enqueue: a hook makes every publish call the hook runner.
         self.app.add_hooks(bench_tasks.OnReady(on_ready))
-        self.worker = self.app.worker(install_signal_handlers=False, pool="solo")
+        self.worker = self.app.worker(install_signal_handlers=False, pool=self.pool,
+                                      concurrency=self.concurrency)
 
         async def main() -> None:
             self.loop = asyncio.get_running_loop()
@@ -296,7 +301,9 @@ class CeleriacMemory(CeleriacSystem):
 
 SYSTEMS: dict[str, Callable[[], System]] = {
     "sqlite": CeleriacSQLite,
+    "sqlite-prefork": lambda: CeleriacSQLite("prefork", 2),
     "memory": CeleriacMemory,
+    "memory-prefork": lambda: CeleriacMemory("prefork", 2),
 }
 
 
@@ -458,6 +465,17 @@ def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
     return table
 
 
+def ratios(outcomes: list[Outcome]) -> None:
+    """Prefork (2 children) drain over solo drain, per transport, from this run."""
+    drains = {o.system.name: statistics.median(r.drain for r in o.runs)
+              for o in outcomes if o.runs}
+    for transport in ("sqlite", "memory"):
+        solo = drains.get(f"celeriac {transport} solo")
+        prefork = drains.get(f"celeriac {transport} prefork x2")
+        if solo and prefork:
+            console.print(f"{transport}: prefork x2 drains {prefork / solo:.2f}x the solo pool")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -467,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all)")
     parser.add_argument("--batch", type=int, default=500,
                         help="publish_many batch size; 0 skips it (default 500)")
+    parser.add_argument("--no-pool-overhead", dest="pool_overhead", action="store_false",
+                        help="skip the prefork pool overhead measurement")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="deadline in seconds for each wait (default 60)")
     opts = parser.parse_args(argv)
@@ -494,6 +514,13 @@ def main(argv: list[str] | None = None) -> int:
     console.print(report(outcomes, opts))
     for o in outcomes:
         console.print(f"[dim]{o.system.name}: {o.system.detail}[/]")
+    ratios(outcomes)
+    if opts.pool_overhead:
+        overhead = pool_overhead.measure(runs=opts.runs)
+        console.print(
+            f"prefork pool overhead per task: {overhead['pool_us']:.1f} us; raw pipe round "
+            f"trip between two Python processes: {overhead['raw_us']:.1f} us; ratio "
+            f"{overhead['ratio']:.2f}x (target <= 3x)")
     console.print(f"[dim]total {time.monotonic() - began:.0f}s[/]")
     return 1 if any(o.error for o in outcomes) else 0
 
