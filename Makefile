@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/quickstart/run.py
 
 test: $(STAMP)
+	@scripts/services.sh
 	$(PY) -m pytest -q tests
 
 test-fast: $(STAMP)
@@ -26,6 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy src
 
 bench: $(STAMP)
+	@scripts/services.sh
 	$(PY) bench/run.py
 
 clean:

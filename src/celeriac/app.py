@@ -6,7 +6,7 @@ import asyncio
 import fnmatch
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
@@ -18,7 +18,7 @@ from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
 from .settings import Settings
 from .tasks import Task, TaskOptions, args_repr
-from .transports.base import Transport, create_transport
+from .transports.base import Outgoing, Transport, create_transport
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -215,6 +215,52 @@ class Celeriac:
             self.hooks.call("after_publish", message, queue)
         return _result.AsyncResult(message.headers["id"], self, name)
 
+    def send_many(
+        self,
+        name: str,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]] | Sequence[Any]],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        countdown: float | None = None,
+        serializer: str | None = None,
+        chunk_size: int = 1000,
+    ) -> list[_result.AsyncResult[Any]]:
+        """Send task ``name`` once per call in ``calls``, ``chunk_size`` per broker round trip.
+
+        Each call is an args sequence, or an ``(args, kwargs)`` pair. Every message is
+        built (and serialized) before anything is sent, chunk by chunk: an argument that
+        cannot be encoded raises before that chunk is published.
+        """
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        results: list[_result.AsyncResult[Any]] = []
+        chunk: list[Outgoing] = []
+        for call in calls:
+            args, kwargs = _split_call(call)
+            message, q, delay = self._build(
+                name, args, kwargs, countdown=countdown, eta=None, expires=None, queue=queue,
+                priority=priority, task_id=None, headers=None, serializer=serializer,
+                retries=0, time_limit=None, soft_time_limit=None, ignore_result=False,
+            )
+            chunk.append(Outgoing(q, message, delay))
+            results.append(_result.AsyncResult(message.headers["id"], self, name))
+            if len(chunk) >= chunk_size:
+                self._publish_chunk(chunk)
+                chunk = []
+        if chunk:
+            self._publish_chunk(chunk)
+        return results
+
+    def _publish_chunk(self, chunk: list[Outgoing]) -> None:
+        if self.hooks:
+            for item in chunk:
+                self.hooks.call("before_publish", item.message, item.queue)
+        self.transport.publish_many(chunk)
+        if self.hooks:
+            for item in chunk:
+                self.hooks.call("after_publish", item.message, item.queue)
+
     async def asend_task(self, name: str, args: Sequence[Any] | None = None,
                          kwargs: Mapping[str, Any] | None = None, **options: Any
                          ) -> _result.AsyncResult[Any]:
@@ -266,6 +312,15 @@ class Celeriac:
         from .worker import Worker
 
         return Worker(self, **options)
+
+
+def _split_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:
+    if (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], Mapping)
+            and isinstance(call[0], (list, tuple))):
+        return call[0], call[1]
+    if isinstance(call, (list, tuple)):
+        return call, None
+    raise TypeError(f"each call must be an args sequence or (args, kwargs), got {call!r}")
 
 
 def _validate_priority(priority: Any) -> None:

@@ -10,7 +10,8 @@
     │   └── DecodeError             a message body or result cannot be decoded
     │       └── ContentDisallowed   the content type is not in ``accept_content``
     ├── BrokerError
-    │   ├── BrokerUnavailable       the broker cannot be reached
+    │   ├── OperationalError        the broker failed an operation after retries
+    │   │   └── BrokerUnavailable   the broker cannot be reached
     │   └── MessageTooLarge         the message exceeds ``max_message_size``
     ├── TaskError                   raised by ``AsyncResult.get()`` and inside tasks
     │   ├── TaskFailed              a remote exception that is not re-created locally
@@ -71,7 +72,13 @@ class BrokerError(CeleriacError):
     """The broker refused or failed an operation."""
 
 
-class BrokerUnavailable(BrokerError):
+class OperationalError(BrokerError):
+    """The broker failed an operation, after the retries ``broker_connection_retry`` allows.
+
+    The message says which URL failed and why."""
+
+
+class BrokerUnavailable(OperationalError):
     """The broker cannot be reached."""
 
 

@@ -28,7 +28,8 @@ class Settings:
     result_backend: str | None = None
     """Where results go; ``None`` uses the broker URL's scheme and location."""
 
-    task_default_queue: str = "celeriac"
+    task_default_queue: str = "celery"
+    """Celery's default, so celeriac and Celery workers in one deployment share it."""
     task_routes: Mapping[str, str] = field(default_factory=dict)
     """Task name (or ``fnmatch`` glob) to queue name."""
     task_default_priority: int = 0
@@ -78,6 +79,19 @@ class Settings:
     """Seconds a pool must have had idle children before the autoscaler shrinks it."""
 
     max_message_size: int = 64 * 1024 * 1024
+
+    broker_connection_retry: bool = True
+    """Retry a failed connection (producers and workers) with exponential backoff and
+    jitter before raising ``OperationalError``."""
+    broker_connection_max_retries: int | None = 5
+    """Retries for a producer before it gives up (``None``: forever). Workers retry
+    forever while running."""
+    broker_connection_timeout: float = 4.0
+    """Seconds to wait for one connection attempt."""
+    broker_failover_strategy: str = "round-robin"
+    """With several ``;``-separated broker URLs: ``round-robin`` (in order) or ``shuffle``."""
+    broker_transport_options: Mapping[str, str] = field(default_factory=dict)
+    """Transport-specific options, e.g. ``{"queue_type": "quorum"}`` for RabbitMQ."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.task_default_priority <= 9:

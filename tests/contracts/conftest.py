@@ -18,15 +18,32 @@ import pytest
 from celeriac.backends.base import ResultBackend, backend_class, create_backend
 from celeriac.settings import Settings
 from celeriac.transports.base import Transport, create_transport, transport_class
+from tests.services import require
+
+
+def _namespaced(service: str) -> Callable[[Path], str]:
+    """A URL on a shared server, isolated by a unique ``namespace`` (key/queue prefix)."""
+
+    def url(tmp: Path) -> str:
+        base = require(service)
+        sep = "&" if "?" in base else "?"
+        return f"{base}{sep}namespace=t{uuid.uuid4().hex[:12]}"
+
+    return url
+
 
 TRANSPORT_URLS: dict[str, Callable[[Path], str]] = {
     "memory": lambda tmp: f"memory://{uuid.uuid4().hex}",
     "sqlite": lambda tmp: f"sqlite:///{tmp / 'broker.db'}",
+    "redis": _namespaced("redis"),
+    "amqp": _namespaced("rabbitmq"),
 }
 
 BACKEND_URLS: dict[str, Callable[[Path], str]] = {
     "memory": lambda tmp: f"memory://{uuid.uuid4().hex}",
     "sqlite": lambda tmp: f"sqlite:///{tmp / 'results.db'}",
+    "redis": _namespaced("redis"),
+    "postgres": _namespaced("postgres"),
 }
 
 

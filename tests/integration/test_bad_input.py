@@ -30,7 +30,7 @@ def test_unencodable_argument_names_its_type_and_publishes_nothing(app: Celeriac
         t.add.delay(1, {1, 2})  # type: ignore[arg-type]
     with pytest.raises(EncodeError, match=r"keyword argument 'y' has type object"):
         t.add.delay(1, y=object())  # type: ignore[arg-type]
-    assert app.transport.queue_length("celeriac") == 0
+    assert app.transport.queue_length("celery") == 0
 
 
 def test_oversized_message_refused_at_publish(app: Celeriac) -> None:
@@ -38,7 +38,7 @@ def test_oversized_message_refused_at_publish(app: Celeriac) -> None:
     app.close()
     with pytest.raises(MessageTooLarge, match="over max_message_size=1000"):
         t.add.delay("x" * 2000, "y")  # type: ignore[arg-type]
-    assert app.transport.queue_length("celeriac") == 0
+    assert app.transport.queue_length("celery") == 0
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_malformed_message_is_dead_lettered_and_worker_keeps_running(
         app: Celeriac, start_worker: Callable[..., WorkerProcess], message: Message,
         reason: str) -> None:
     w = start_worker()
-    app.transport.publish("celeriac", message)
+    app.transport.publish("celery", message)
     dead = wait_until(app.transport.dead_letters, 10, message="a dead letter")
     assert len(dead) == 1
     assert reason in dead[0].reason

@@ -52,11 +52,11 @@ def test_purge_asks_unless_forced(app: Celeriac, env: dict[str, str]) -> None:
     for i in range(3):
         t.add.delay(i, i)
     declined = cli(env, "-A", APP, "purge", input="n\n")
-    assert "Purge 3 message(s) from celeriac?" in declined.stdout
-    assert declined.returncode == 1 and app.transport.queue_length("celeriac") == 3
+    assert "Purge 3 message(s) from celery?" in declined.stdout
+    assert declined.returncode == 1 and app.transport.queue_length("celery") == 3
     forced = cli(env, "-A", APP, "purge", "-f")
     assert forced.returncode == 0 and "purged 3 message(s)" in forced.stdout
-    assert app.transport.queue_length("celeriac") == 0
+    assert app.transport.queue_length("celery") == 0
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ def test_bound_task_sees_its_request(app: Celeriac, start_worker: Callable[..., 
     w = start_worker("-n", "node1@test")
     r = t.whoami_bound.apply_async(task_id="fixed-id-1")
     assert r.get(timeout=10) == {"id": "fixed-id-1", "retries": 0, "hostname": "node1@test",
-                                 "queue": "celeriac", "args": []}
+                                 "queue": "celery", "args": []}
     w.wait_for_log(r"whoami_bound\[fixed-id-1\] succeeded")  # task id in its log line
 
 

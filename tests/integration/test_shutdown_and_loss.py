@@ -15,7 +15,7 @@ from tests.integration import app_tasks as t
 
 pytestmark = pytest.mark.slow
 
-QUEUE = "celeriac"
+QUEUE = "celery"
 
 
 def _owned(app: Celeriac) -> int:

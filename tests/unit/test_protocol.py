@@ -27,7 +27,7 @@ def test_message_is_celery_protocol_v2() -> None:
                                        "chord": None}]
     assert msg.content_type == "application/json"
     assert msg.properties["correlation_id"] == "abc" and msg.priority == 5
-    assert queue == "celeriac" and delay is not None and delay > 0
+    assert queue == "celery" and delay is not None and delay > 0
 
 
 def test_envelope_round_trip_keeps_body_bytes() -> None:

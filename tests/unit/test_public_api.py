@@ -3,7 +3,8 @@ import celeriac
 EXPECTED = {
     "AsyncResult", "BrokerError", "BrokerUnavailable", "Celeriac", "CeleriacError",
     "ConfigurationError", "ContentDisallowed", "DecodeError", "EagerResult", "EncodeError",
-    "Hooks", "Ignore", "MaxRetriesExceededError", "MessageTooLarge", "NotRegistered", "Reject",
+    "Hooks", "Ignore", "MaxRetriesExceededError", "MessageTooLarge", "NotRegistered",
+    "OperationalError", "Reject",
     "Request", "ResultTimeout", "Retry", "SerializationError", "Settings",
     "SoftTimeLimitExceeded", "Task", "TaskControl", "TaskError", "TaskFailed", "TaskRevoked",
     "TimeLimitExceeded", "Worker", "WorkerLostError", "WorkerShutdown", "WorkerTerminate",

@@ -83,14 +83,14 @@ def test_always_eager_sends_nothing(memory_app: Celeriac) -> None:
 
     with eager(memory_app):
         assert add.delay(1, 2).get() == 3
-    assert memory_app.transport.queue_length("celeriac") == 0
+    assert memory_app.transport.queue_length("celery") == 0
 
 
 def test_routing(memory_app: Celeriac) -> None:
     memory_app.configure(task_routes={"billing.*": "billing", "exact.task": "exact"})
     assert memory_app.route("billing.charge") == "billing"
     assert memory_app.route("exact.task") == "exact"
-    assert memory_app.route("other") == "celeriac"
+    assert memory_app.route("other") == "celery"
 
     @memory_app.task(name="billing.charge")
     def charge() -> None: ...
@@ -114,3 +114,18 @@ def test_apply_async_argument_errors(memory_app: Celeriac) -> None:
         f.apply_async((1,), countdown=1, eta=datetime.now(UTC))
     with pytest.raises(ValueError, match="priority must be an int from 0 to 9"):
         f.apply_async((1,), priority=-1)
+
+
+def test_delay_many_sends_in_bulk(memory_app: Celeriac) -> None:
+    from celeriac.testing import ThreadedWorker
+
+    @memory_app.task
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    results = add.delay_many([(1, 2), ((3,), {"y": 4}), [5]], )
+    assert memory_app.transport.queue_length("celery") == 3
+    with ThreadedWorker(memory_app):
+        assert [r.get(timeout=5) for r in results] == [3, 7, 5]
+    with pytest.raises(TypeError, match="args sequence"):
+        memory_app.send_many("x", [42])  # type: ignore[list-item]

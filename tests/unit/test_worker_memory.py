@@ -77,7 +77,7 @@ def test_hooks_called_and_isolated(memory_app: Celeriac) -> None:
     with ThreadedWorker(memory_app):
         assert f.delay().get(timeout=5) == 1
         wait_until(lambda: len(seen) == 2, 5)
-    assert seen == ["publish celeriac", "after SUCCESS 1"]
+    assert seen == ["publish celery", "after SUCCESS 1"]
 
 
 def test_warm_stop_gives_back_prefetched(memory_app: Celeriac) -> None:
@@ -99,7 +99,7 @@ def test_warm_stop_gives_back_prefetched(memory_app: Celeriac) -> None:
     wait_until(lambda: len(w.worker.consumer.reserved) == 3, 5)
     stopper = threading.Thread(target=w.stop)
     stopper.start()
-    wait_until(lambda: memory_app.transport.queue_length("celeriac") == 3, 5)
+    wait_until(lambda: memory_app.transport.queue_length("celery") == 3, 5)
     gate.set()
     stopper.join(5)
     assert w.exit_code == 0

@@ -182,31 +182,64 @@ class ResultBackend(abc.ABC):
 
 BATCH_PAUSE = 0.005
 
-_REGISTRY: dict[str, type[ResultBackend]] = {}
+def _memory() -> type[ResultBackend]:
+    from .memory import MemoryBackend
+
+    return MemoryBackend
+
+
+def _sqlite() -> type[ResultBackend]:
+    from .sqlite import SQLiteBackend
+
+    return SQLiteBackend
+
+
+def _redis() -> type[ResultBackend]:
+    from .redis import RedisBackend
+
+    return RedisBackend
+
+
+def _postgres() -> type[ResultBackend]:
+    from .postgres import PostgresBackend
+
+    return PostgresBackend
+
+
+# Loaders, so that a backend's client library is imported only when its scheme is used.
+_LOADERS: dict[str, Callable[[], type[ResultBackend]]] = {
+    "memory": _memory,
+    "sqlite": _sqlite,
+    "redis": _redis,
+    "rediss": _redis,
+    "postgresql": _postgres,
+    "postgres": _postgres,
+}
 
 
 def register(scheme: str, factory: type[ResultBackend]) -> None:
-    _REGISTRY[scheme] = factory
+    """Add a result backend for ``scheme://`` URLs (third-party backends)."""
+    _LOADERS[scheme] = lambda: factory
 
 
 def known_schemes() -> list[str]:
-    if not _REGISTRY:
-        from . import memory, sqlite
-
-        register("memory", memory.MemoryBackend)
-        register("sqlite", sqlite.SQLiteBackend)
-    return sorted(_REGISTRY)
+    return sorted(_LOADERS)
 
 
 def backend_class(url: str) -> type[ResultBackend]:
     scheme = urlsplit(url).scheme
-    schemes = known_schemes()
-    if scheme not in _REGISTRY:
+    if scheme not in _LOADERS:
         raise ConfigurationError(
             f"unknown result backend URL scheme {scheme!r} in {url!r}; known: "
-            + ", ".join(f"{s}://" for s in schemes)
+            + ", ".join(f"{s}://" for s in known_schemes())
         )
-    return _REGISTRY[scheme]
+    try:
+        return _LOADERS[scheme]()
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the {scheme}:// result backend needs {exc.name!r}: "
+            f"pip install 'celeriac[{scheme}]'"
+        ) from exc
 
 
 def create_backend(url: str, settings: Settings) -> ResultBackend:

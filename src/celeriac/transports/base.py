@@ -17,7 +17,7 @@ event loop. Semantics every transport keeps (and ``tests/contracts`` checks):
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
@@ -119,43 +119,101 @@ class Transport(abc.ABC):
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The oldest dead letters first."""
 
+    @abc.abstractmethod
+    def requeue_dead(self, ids: Sequence[int | str]) -> int:
+        """Put these dead letters back on their original queues as new deliveries
+        (delivery count reset); returns how many were found and moved."""
+
+    @abc.abstractmethod
+    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
+        """Delete these dead letters (all if ``ids`` is None); returns how many."""
+
+    # -- broadcast (events and control) ---------------------------------------------------
+    @abc.abstractmethod
+    def broadcast(self, channel: str, payload: bytes) -> None:
+        """Send ``payload`` to every current subscriber of ``channel``; not stored."""
+
+    @abc.abstractmethod
+    async def subscribe(self, channel: str) -> Subscription:
+        """Start receiving what is broadcast on ``channel`` from now on."""
+
     def close(self) -> None:
         """Release connections held by this process."""
 
 
-_REGISTRY: dict[str, type[Transport]] = {}
+class Subscription(abc.ABC):
+    """What ``Transport.subscribe`` returns: payloads in the order each sender sent them."""
+
+    @abc.abstractmethod
+    async def get(self, timeout: float) -> bytes | None:
+        """The next payload, or None after ``timeout`` seconds without one."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+def _memory() -> type[Transport]:
+    from .memory import MemoryTransport
+
+    return MemoryTransport
+
+
+def _sqlite() -> type[Transport]:
+    from .sqlite import SQLiteTransport
+
+    return SQLiteTransport
+
+
+def _redis() -> type[Transport]:
+    from .redis import RedisTransport
+
+    return RedisTransport
+
+
+def _amqp() -> type[Transport]:
+    from .amqp import AMQPTransport
+
+    return AMQPTransport
+
+
+# Loaders, so that a transport's client library is imported only when its scheme is used.
+_LOADERS: dict[str, Callable[[], type[Transport]]] = {
+    "memory": _memory,
+    "sqlite": _sqlite,
+    "redis": _redis,
+    "rediss": _redis,
+    "amqp": _amqp,
+    "amqps": _amqp,
+}
 
 
 def register(scheme: str, factory: type[Transport]) -> None:
-    _REGISTRY[scheme] = factory
+    """Add a transport for ``scheme://`` URLs (third-party transports)."""
+    _LOADERS[scheme] = lambda: factory
 
 
 def known_schemes() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin() -> None:
-    if _REGISTRY:
-        return
-    from . import memory, sqlite
-
-    register("memory", memory.MemoryTransport)
-    register("sqlite", sqlite.SQLiteTransport)
+    return sorted(_LOADERS)
 
 
 def transport_class(url: str) -> type[Transport]:
     """The transport class for ``url`` (the first of several ``;``-separated URLs)."""
     first = url.split(";")[0].strip()
     scheme = urlsplit(first).scheme
-    schemes = known_schemes()
-    if scheme not in _REGISTRY:
+    if scheme not in _LOADERS:
         raise ConfigurationError(
             f"unknown broker URL scheme {scheme!r} in {first!r}; known: "
-            + ", ".join(f"{s}://" for s in schemes)
+            + ", ".join(f"{s}://" for s in known_schemes())
         )
-    return _REGISTRY[scheme]
+    try:
+        return _LOADERS[scheme]()
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the {scheme}:// transport needs {exc.name!r}: pip install 'celeriac[{scheme}]'"
+        ) from exc
 
 
 def create_transport(url: str, settings: Settings) -> Transport:
+    """The transport for ``url``; a transport that supports failover reads every
+    ``;``-separated URL from ``settings.broker_url`` itself."""
     return transport_class(url)(url.split(";")[0].strip(), settings)

@@ -7,6 +7,7 @@ so a producer and a worker in one process (tests) talk to each other.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..protocol import Delivery, Message
-from .base import DeadLetter, Outgoing, Transport
+from .base import DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -53,6 +54,7 @@ class _Broker:
         default_factory=set
     )
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    subscribers: dict[str, set[_MemorySubscription]] = field(default_factory=dict)
 
     def push(self, record: _Record) -> None:
         heapq.heappush(
@@ -235,3 +237,64 @@ class MemoryTransport(Transport):
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         with self.broker.lock:
             return list(self.broker.dead[:limit])
+
+    def requeue_dead(self, ids: Sequence[int | str]) -> int:
+        b = self.broker
+        wanted = set(ids)
+        with b.lock:
+            moving = [d for d in b.dead if d.id in wanted]
+            b.dead = [d for d in b.dead if d.id not in wanted]
+            for d in moving:
+                m = d.message
+                b.push(_Record(next(b.ids), d.queue, m.envelope(), m.body, m.priority))
+            if moving:
+                b.notify()
+        return len(moving)
+
+    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
+        b = self.broker
+        with b.lock:
+            before = len(b.dead)
+            b.dead = [] if ids is None else [d for d in b.dead if d.id not in set(ids)]
+            return before - len(b.dead)
+
+    def broadcast(self, channel: str, payload: bytes) -> None:
+        with self.broker.lock:
+            subscribers = list(self.broker.subscribers.get(channel, ()))
+        for s in subscribers:
+            s.put(payload)
+
+    async def subscribe(self, channel: str) -> Subscription:
+        sub = _MemorySubscription(self.broker, channel, asyncio.get_running_loop())
+        with self.broker.lock:
+            self.broker.subscribers.setdefault(channel, set()).add(sub)
+        return sub
+
+
+class _MemorySubscription(Subscription):
+    def __init__(self, broker: _Broker, channel: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.broker = broker
+        self.channel = channel
+        self.loop = loop
+        self.items: collections.deque[bytes] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, payload: bytes) -> None:
+        self.items.append(payload)
+        self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self, timeout: float) -> bytes | None:
+        if not self.items:
+            self.waiter = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.waiter, timeout)
+            self.waiter = None
+        return self.items.popleft() if self.items else None
+
+    async def close(self) -> None:
+        with self.broker.lock:
+            self.broker.subscribers.get(self.channel, set()).discard(self)

@@ -7,6 +7,8 @@ Schema::
                   that consumer and not yet acked. deliveries counts hand-outs.
     consumers     live consumers and when their lease runs out.
     dead_letters  messages refused by a worker, with the reason.
+    broadcasts    fanout payloads (events, control), kept BROADCAST_TTL seconds; each
+                  subscriber reads the rows past its cursor when the doorbell rings.
 
 A fetch is one write transaction: promote the due delayed messages, then claim up to
 ``limit`` ready ones by setting ``owner``. Ownership is the lease: a consumer renews
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._sqlite import Database, Doorbell, Listener, path_from_url
 from ..errors import DecodeError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
-from .base import DeadLetter, Outgoing, Transport
+from .base import DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -58,11 +61,18 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     dead_at REAL NOT NULL,
     envelope BLOB NOT NULL,
     body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS broadcasts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    sent REAL NOT NULL
 )
 """
 
 # Safety net only: every publish rings the doorbell, so an idle consumer wakes at once.
 _IDLE_RECHECK = 1.0
+BROADCAST_TTL = 60.0
 
 
 class SQLiteTransport(Transport):
@@ -73,7 +83,9 @@ class SQLiteTransport(Transport):
         self.path = path_from_url(url)
         self.db = Database(self.path, SCHEMA)
         self.bell = Doorbell(self.path, "messages")
+        self.broadcast_bell = Doorbell(self.path, "broadcast")
         self._listener: Listener | None = None
+        self._broadcasts = 0
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -229,11 +241,79 @@ class SQLiteTransport(Transport):
         )
         return [DeadLetter(r[0], r[1], r[2], _message(r[5], r[6]), r[3], r[4]) for r in rows]
 
+    def requeue_dead(self, ids: Sequence[int | str]) -> int:
+        marks = ",".join("?" * len(ids))
+        with self.db.transaction() as conn:
+            conn.execute(
+                f"INSERT INTO messages (queue, priority, envelope, body)"
+                f" SELECT queue, 0, envelope, body FROM dead_letters WHERE id IN ({marks})",
+                (*ids,),
+            )
+            moved = conn.execute(f"DELETE FROM dead_letters WHERE id IN ({marks})",
+                                 (*ids,)).rowcount
+        if moved:
+            self.bell.ring()
+        return moved
+
+    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
+        with self.db.transaction() as conn:
+            if ids is None:
+                return conn.execute("DELETE FROM dead_letters").rowcount
+            marks = ",".join("?" * len(ids))
+            return conn.execute(f"DELETE FROM dead_letters WHERE id IN ({marks})",
+                                (*ids,)).rowcount
+
+    # -- broadcast ----------------------------------------------------------------------
+    def broadcast(self, channel: str, payload: bytes) -> None:
+        now = time.time()
+        with self.db.transaction() as conn:
+            conn.execute("INSERT INTO broadcasts (channel, payload, sent) VALUES (?, ?, ?)",
+                         (channel, payload, now))
+            self._broadcasts += 1
+            if self._broadcasts % 100 == 1:
+                conn.execute("DELETE FROM broadcasts WHERE sent < ?", (now - BROADCAST_TTL,))
+        self.broadcast_bell.ring()
+
+    async def subscribe(self, channel: str) -> Subscription:
+        listener = self.broadcast_bell.listen()
+        cursor = self.db.read("SELECT coalesce(max(id), 0) FROM broadcasts")[0][0]
+        return _SQLiteSubscription(self, channel, listener, int(cursor))
+
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         self.db.close()
+
+
+class _SQLiteSubscription(Subscription):
+    def __init__(self, transport: SQLiteTransport, channel: str, listener: Listener,
+                 cursor: int) -> None:
+        self.transport = transport
+        self.channel = channel
+        self.listener = listener
+        self.cursor = cursor
+        self.buffer: deque[bytes] = deque()
+
+    async def get(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while not self.buffer:
+            self.listener.drain()
+            rows = self.transport.db.read(
+                "SELECT id, payload FROM broadcasts WHERE id > ? AND channel = ?"
+                " ORDER BY id LIMIT 500", (self.cursor, self.channel))
+            if rows:
+                self.cursor = rows[-1][0]
+                self.buffer.extend(r[1] for r in rows)
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self.listener.wait_async(min(remaining, _IDLE_RECHECK))
+        return self.buffer.popleft()
+
+    async def close(self) -> None:
+        self.listener.close()
 
 
 def _message(envelope: bytes, body: bytes) -> Message:

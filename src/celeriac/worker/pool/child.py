@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ...backends.base import ResultBackend, backend_class
 from ...errors import SoftTimeLimitExceeded
 from ...protocol import Delivery, Message
-from ...transports.base import DeadLetter, Outgoing, Transport, transport_class
+from ...transports.base import DeadLetter, Outgoing, Subscription, Transport, transport_class
 from ..execute import Job, Outcome, execute
 from . import pipes
 
@@ -196,6 +196,18 @@ class RelayTransport(Transport):
         raise NotImplementedError
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        raise NotImplementedError
+
+    def requeue_dead(self, ids: Sequence[int | str]) -> int:
+        raise NotImplementedError
+
+    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
+        raise NotImplementedError
+
+    def broadcast(self, channel: str, payload: bytes) -> None:
+        raise NotImplementedError("broadcast from the worker's main process")
+
+    async def subscribe(self, channel: str) -> Subscription:
         raise NotImplementedError
 
 
