@@ -170,7 +170,10 @@ class Celeriac:
         return f"{module}.{fn.__qualname__}"
 
     def route(self, task_name: str) -> str:
+        """The queue for ``task_name``: exact route, then glob routes, then the default."""
         routes = self.settings.task_routes
+        if callable(routes):
+            return routes(task_name) or self.settings.task_default_queue
         if task_name in routes:
             return routes[task_name]
         for pattern, queue in routes.items():

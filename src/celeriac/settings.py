@@ -11,7 +11,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +30,9 @@ class Settings:
 
     task_default_queue: str = "celery"
     """Celery's default, so celeriac and Celery workers in one deployment share it."""
-    task_routes: Mapping[str, str] = field(default_factory=dict)
-    """Task name (or ``fnmatch`` glob) to queue name."""
+    task_routes: Mapping[str, str] | Callable[[str], str | None] = field(default_factory=dict)
+    """Task name (or ``fnmatch`` glob) to queue name; or a function of the task name that
+    returns a queue name (None: the default queue)."""
     task_default_priority: int = 0
     """0-9; higher runs first (AMQP semantics)."""
     task_serializer: str = "json"
@@ -158,9 +159,10 @@ _HINTS = typing.get_type_hints(Settings)
 def _parse(name: str, hint: Any, raw: str) -> Any:
     """Turn an environment string into the field's type."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        if raw.strip().lower() in ("", "none", "null"):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if type(None) in args and raw.strip().lower() in ("", "none", "null"):
             return None
+        # The environment can only spell the first (plain data) member of a union.
         hint = next(a for a in args if a is not type(None))
     try:
         if hint is bool:

@@ -80,3 +80,27 @@ def test_errors_are_one_clear_line(env: dict[str, str], args: list[str],
     assert len(lines) == 1, out.stderr
     assert "Traceback" not in out.stderr
     assert expected in lines[0]
+
+
+def test_dead_letter_commands(app: Celeriac, env: dict[str, str],
+                              start_worker: Callable[..., WorkerProcess]) -> None:
+    from celeriac.testing import wait_until
+
+    w = start_worker()
+    app.send_task("no.such.task", [1])
+    wait_until(app.transport.dead_letters, 10)
+    listed = cli(env, "-A", APP, "dead", "list")
+    assert listed.returncode == 0 and "unknown task 'no.such.task'" in listed.stdout
+    dead_id = str(app.transport.dead_letters()[0].id)
+    shown = cli(env, "-A", APP, "dead", "show", dead_id)
+    assert '"task": "no.such.task"' in shown.stdout and '"body": "[[1],' in shown.stdout
+    assert cli(env, "-A", APP, "dead", "show", "999999").returncode == 1
+    requeued = cli(env, "-A", APP, "dead", "requeue", dead_id)
+    assert "requeued 1 message(s)" in requeued.stdout
+    # The worker dead-letters it again (still unknown): the round trip works.
+    wait_until(lambda: len(app.transport.dead_letters()) == 1 and
+               str(app.transport.dead_letters()[0].id) != dead_id, 10)
+    purged = cli(env, "-A", APP, "dead", "purge", "-f")
+    assert "deleted 1 dead letter(s)" in purged.stdout
+    assert app.transport.dead_letters() == []
+    assert w.proc is not None and w.proc.poll() is None

@@ -129,3 +129,9 @@ def test_delay_many_sends_in_bulk(memory_app: Celeriac) -> None:
         assert [r.get(timeout=5) for r in results] == [3, 7, 5]
     with pytest.raises(TypeError, match="args sequence"):
         memory_app.send_many("x", [42])  # type: ignore[list-item]
+
+
+def test_routes_by_function(memory_app: Celeriac) -> None:
+    memory_app.configure(task_routes=lambda name: "fast" if name.startswith("f.") else None)
+    assert memory_app.route("f.x") == "fast"
+    assert memory_app.route("g.x") == "celery"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celeriac.worker.consumer")
 
 FETCH_TIMEOUT = 1.0
+
+
+def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**attempt))."""
+    return random.uniform(0, min(cap, base * 2 ** min(attempt, 16))) + 0.05
 
 
 class Consumer:
@@ -77,6 +83,7 @@ class Consumer:
 
     # -- fetching -----------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
+        failures = 0
         while True:
             budget = self.prefetch_limit - len(self.deliveries)
             if budget <= 0:
@@ -87,10 +94,21 @@ class Consumer:
                 batch = await self.transport.fetch(self.queues, budget, FETCH_TIMEOUT)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.exception("fetching from the broker failed; retrying in 1s")
-                await asyncio.sleep(1.0)
+            except Exception as exc:
+                # The broker went away: back off (exponential, with jitter so a fleet of
+                # workers does not reconnect in lockstep) and try again, for as long as
+                # the worker runs. Messages in hand keep running; their acks may fail
+                # and the broker redelivers them (at least once).
+                failures += 1
+                delay = backoff(failures)
+                logger.error("fetching from the broker failed (%s: %s); retry %d in %.1fs",
+                             type(exc).__name__, exc, failures, delay)
+                await asyncio.sleep(delay)
                 continue
+            if failures:
+                logger.warning("broker connection restored after %d failed attempt(s)",
+                               failures)
+                failures = 0
             for delivery in batch:
                 self._on_delivery(delivery)
             self._dispatch()
