@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS consumers (
     expires REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     queue TEXT NOT NULL,
     reason TEXT NOT NULL,
     deliveries INTEGER NOT NULL,
