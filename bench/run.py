@@ -1,15 +1,19 @@
-"""End-to-end no-op throughput of celeriac, per transport (``make bench``).
+"""End-to-end no-op benchmark: celeriac against Celery (and peers) on one Redis (``make bench``).
 
-For each system under test and each run, on a fresh broker:
+For each system under test and each run, on a fresh, empty broker and result store:
 
-1. enqueue (batch): ``transport.publish_many`` of N no-op messages in batches (building
-   the messages included); then the queue is purged.
+1. enqueue (bulk): N no-op tasks through the system's bulk API (each bulk method in
+   turn); the queue is purged after each.
 2. enqueue (delay): N x ``noop.delay()``, one message per call.
-3. drain: a worker starts on the full queue of step 2; timed from the moment it is
-   consuming until ``app.backend.wait_for`` has every result.
+3. drain: a worker (2 prefork processes for the Redis systems) starts on the full queue
+   of step 2; timed from the moment it is consuming until every result is stored.
+4. round trip: with the worker idle, ``noop.delay().get()`` one call at a time.
 
-The table shows the median of the runs and their min-max. Adding a system (Celery on
-Redis, say) is one ``System`` subclass plus one line in ``SYSTEMS``.
+celeriac runs in this process (this virtualenv). Each peer (Celery, ...) runs in its own
+virtualenv, ``bench/.venv-<peer>``, made on first use: a driver script there
+(``bench/peers/<peer>_driver.py``) is this process's producer, and its worker is that
+virtualenv's command line. Every figure is the median of the runs; a ratio table compares
+celeriac on Redis with each peer.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import abc
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import platform
 import select
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,13 +46,18 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
+PEERS_DIR = HERE / "peers"
 sys.path.insert(0, str(HERE))
 
 import pool_overhead  # noqa: E402
 import tasks as bench_tasks  # noqa: E402  (bench/tasks.py, also the worker's -A module)
 
 from celeriac import Celeriac  # noqa: E402
-from celeriac.transports.base import Outgoing  # noqa: E402
+
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+CELERIAC_REDIS_DB = 15
+"""celeriac's Redis database; the bench empties it (FLUSHDB) before and after each run."""
+CELERIAC_REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{CELERIAC_REDIS_DB}?namespace=bench"
 
 
 class BenchError(Exception):
@@ -58,31 +69,37 @@ class BenchError(Exception):
 class System(abc.ABC):
     """One broker + result store + worker, driven from this process.
 
-    The harness calls, per run: ``setup`` (fresh, empty broker), ``enqueue_batch`` then
-    ``purge`` (optional), ``enqueue``, ``start_worker``, ``wait_results``, and always
-    ``stop_worker`` and ``teardown``. Only the harness reads clocks, except
-    ``start_worker``, which reports when the worker began consuming.
+    The harness calls, per run: ``setup`` (fresh, empty broker), for each of
+    ``bulk_methods`` ``enqueue_bulk`` then ``purge``, ``enqueue``, ``start_worker``,
+    ``wait_results``, ``latency``, and always ``stop_worker`` and ``teardown``; and
+    ``close`` once after the last run. The harness reads the clocks, except
+    ``start_worker`` (the worker reports when it began consuming) and ``latency`` (each
+    sample is timed where the call is made).
     """
 
+    key: str
+    """The ``--systems`` name."""
     name: str
     """Row label."""
     detail: str
     """One line on how it runs (worker, pool), shown under the table."""
+    bulk_methods: dict[str, str] = {}
+    """Bulk enqueue methods: short label -> what exactly is called."""
 
     @abc.abstractmethod
     def setup(self, workdir: Path) -> None:
         """A fresh, empty broker and result store for one run; ``workdir`` is empty."""
 
     @abc.abstractmethod
-    def enqueue(self, n: int) -> list[str]:
-        """Publish ``n`` no-op tasks one call each, as a user would; return the task ids."""
+    def enqueue(self, n: int) -> None:
+        """Publish ``n`` no-op tasks one ``delay()`` each, as a user would; keep the ids."""
 
-    def enqueue_batch(self, n: int, batch: int) -> bool:
-        """Publish ``n`` no-op tasks ``batch`` at a time; False if the system cannot."""
-        return False
+    def enqueue_bulk(self, n: int, batch: int, method: str) -> None:
+        """Publish ``n`` no-op tasks with bulk ``method`` (``batch`` per round trip)."""
+        raise NotImplementedError
 
     def purge(self) -> None:
-        """Delete every waiting message (after ``enqueue_batch``)."""
+        """Delete every waiting message (after ``enqueue_bulk``)."""
 
     @abc.abstractmethod
     def start_worker(self, deadline: float) -> float:
@@ -92,9 +109,14 @@ class System(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait_results(self, ids: list[str], timeout: float) -> int:
-        """Block until every task's result is stored or ``timeout`` passes; return how
-        many succeeded."""
+    def wait_results(self, timeout: float) -> int:
+        """Block until every task of ``enqueue`` has its result stored or ``timeout``
+        passes; return how many succeeded."""
+
+    @abc.abstractmethod
+    def latency(self, count: int, warmup: int, timeout: float) -> list[float]:
+        """Seconds per call of ``count`` sequential ``delay()`` + wait for the result,
+        after ``warmup`` untimed ones."""
 
     @abc.abstractmethod
     def stop_worker(self) -> None:
@@ -103,38 +125,40 @@ class System(abc.ABC):
     def teardown(self) -> None:
         """Release what ``setup`` made (bounded; idempotent)."""
 
+    def close(self) -> None:
+        """Release what outlives one run (a peer's driver); bounded, idempotent."""
+
 
 class CeleriacSystem(System):
-    """What the celeriac systems share: the app, ``delay``, ``publish_many``, results."""
+    """What the celeriac systems share: the app, ``delay``, ``delay_many``, results."""
 
     app: Celeriac
     noop: Any
+    ids: list[str]
+    bulk_methods = {"delay_many": "noop.delay_many([()] * n, chunk_size={batch})"}
 
-    def enqueue(self, n: int) -> list[str]:
+    def enqueue(self, n: int) -> None:
         delay = self.noop.delay
-        return [delay().id for _ in range(n)]
+        self.ids = [delay().id for _ in range(n)]
 
-    def enqueue_batch(self, n: int, batch: int) -> bool:
-        # celeriac has no public batch send: build the messages as send_task does.
-        app, name, transport = self.app, self.noop.name, self.app.transport
-        for start in range(0, n, batch):
-            items = []
-            for _ in range(min(batch, n - start)):
-                message, queue, delay = app._build(
-                    name, (), None, countdown=None, eta=None, expires=None, queue=None,
-                    priority=None, task_id=None, headers=None, serializer=None, retries=0,
-                    time_limit=None, soft_time_limit=None, ignore_result=False,
-                )
-                items.append(Outgoing(queue, message, delay))
-            transport.publish_many(items)
-        return True
+    def enqueue_bulk(self, n: int, batch: int, method: str) -> None:
+        self.noop.delay_many([()] * n, chunk_size=batch)
 
     def purge(self) -> None:
         self.app.transport.purge(self.app.settings.task_default_queue)
 
-    def wait_results(self, ids: list[str], timeout: float) -> int:
-        done = self.app.backend.wait_for(ids, timeout)
+    def wait_results(self, timeout: float) -> int:
+        done = self.app.backend.wait_for(self.ids, timeout)
         return sum(1 for meta in done.values() if meta.state == "SUCCESS")
+
+    def latency(self, count: int, warmup: int, timeout: float) -> list[float]:
+        delay, clock, samples = self.noop.delay, time.perf_counter, []
+        for i in range(warmup + count):
+            t0 = clock()
+            delay().get(timeout=timeout)
+            if i >= warmup:
+                samples.append(clock() - t0)
+        return samples
 
     def teardown(self) -> None:
         app = getattr(self, "app", None)
@@ -142,93 +166,68 @@ class CeleriacSystem(System):
             app.close()
 
 
-class CeleriacSQLite(CeleriacSystem):
-    """The embedded broker: one SQLite file for messages and results, a worker process."""
+class CeleriacProcess(CeleriacSystem):
+    """A broker other processes reach (SQLite file, Redis), a worker subprocess."""
 
-    def __init__(self, pool: str = "solo", concurrency: int = 1) -> None:
-        self.pool, self.concurrency = pool, concurrency
-        self.name = f"celeriac sqlite {pool}" + (f" x{concurrency}" if pool != "solo" else "")
-        self.detail = ("broker + results in one SQLite file (WAL); worker: `celeriac -A tasks "
-                       f"worker --pool {pool} -c {concurrency} -l warning` subprocess")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path: Path | None = None
+    def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1
+                 ) -> None:
+        self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
+        suffix = f"prefork x{concurrency}" if pool == "prefork" else pool
+        self.name = f"celeriac {transport} {suffix}"
+        where = ("broker + results in one SQLite file (WAL)" if transport == "sqlite" else
+                 f"broker + results on Redis db {CELERIAC_REDIS_DB} ({CELERIAC_REDIS_URL})")
+        self.detail = (f"{where}; worker: `celeriac -A tasks worker --pool {pool} "
+                       f"-c {concurrency} -l warning` subprocess")
+        self.worker: WorkerProcess | None = None
         self.db_path: Path | None = None
+
+    def url(self, workdir: Path) -> str:
+        if self.transport == "redis":
+            return CELERIAC_REDIS_URL
+        self.db_path = workdir / "bench.db"
+        return f"sqlite:///{self.db_path}"
 
     def setup(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.db_path = workdir / "bench.db"
-        self.log_path = workdir / "worker.log"
-        self.app, self.noop = bench_tasks.make_app(f"sqlite:///{self.db_path}")
-        # Open the file and create both schemas outside the timed parts.
+        if self.transport == "redis":
+            require_redis()
+            flush_redis_db(CELERIAC_REDIS_DB)
+        self.broker_url = self.url(workdir)
+        self.app, self.noop = bench_tasks.make_app(self.broker_url)
+        # Connect, and create schemas, outside the timed parts.
         self.app.transport.ping()
         self.app.backend.get("warm-up")
 
     def start_worker(self, deadline: float) -> float:
-        assert self.db_path is not None and self.log_path is not None
         exe = Path(sys.executable).with_name("celeriac")
         argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "celeriac"]
         argv += ["-A", "tasks", "worker", "--pool", self.pool, "-c", str(self.concurrency),
                  "-l", "warning"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERIAC_")}
-        env.update(
-            CELERIAC_BROKER_URL=f"sqlite:///{self.db_path}",
-            CELERIAC_BENCH_READY="1",
-            CELERIAC_BENCH_PARENT=str(os.getpid()),
-            PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
-        )
-        with open(self.log_path, "wb") as log:
-            # Own session: a Ctrl-C at the terminal reaches the bench only, which then
-            # stops the worker itself (stop_worker), never leaving it behind.
-            self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=log, start_new_session=True)
-        _LIVE.add(self.proc)
-        return self._read_ready(deadline)
+        env.update(CELERIAC_BROKER_URL=self.broker_url,
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
+        self.worker = WorkerProcess(argv, env, self.workdir, self.workdir / "worker.log")
+        return self.worker.start(deadline)
 
-    def _read_ready(self, deadline: float) -> float:
-        assert self.proc is not None and self.proc.stdout is not None
-        fd, buf = self.proc.stdout.fileno(), b""
-        while True:
-            for line in buf.decode(errors="replace").splitlines():
-                if line.startswith(bench_tasks.READY_LINE):
-                    return float(line.split()[1])
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BenchError(f"worker not consuming in time; log:\n{self._log_tail()}")
-            readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
-            if readable:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    self.proc.wait(5)
-                    raise BenchError(f"worker exited ({self.proc.returncode}) before it was "
-                                     f"ready; log:\n{self._log_tail()}")
-                buf += chunk
-
-    def _log_tail(self, lines: int = 20) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def wait_results(self, ids: list[str], timeout: float) -> int:
-        succeeded = super().wait_results(ids, timeout)
-        if succeeded < len(ids) and self.proc is not None and self.proc.poll() is not None:
-            raise BenchError(f"worker exited ({self.proc.returncode}) mid-drain; log:\n"
-                             f"{self._log_tail()}")
+    def wait_results(self, timeout: float) -> int:
+        succeeded = super().wait_results(timeout)
+        if succeeded < len(self.ids) and self.worker is not None:
+            self.worker.check_alive("mid-drain")
         return succeeded
 
     def stop_worker(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            stop_process(proc)
-            if proc.returncode not in (0, None):
-                console.print(f"[yellow]worker exited with {proc.returncode}; log:\n"
-                              f"{self._log_tail()}[/]")
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.stop()
 
     def teardown(self) -> None:
         super().teardown()
         if self.db_path is not None:
             remove_doorbells(self.db_path)
             self.db_path = None
+        if self.transport == "redis":
+            with contextlib.suppress(Exception):
+                flush_redis_db(CELERIAC_REDIS_DB)
 
 
 class CeleriacMemory(CeleriacSystem):
@@ -237,6 +236,7 @@ class CeleriacMemory(CeleriacSystem):
 
     def __init__(self, pool: str = "solo", concurrency: int = 1) -> None:
         self.pool, self.concurrency = pool, concurrency
+        self.key = "memory" + ("" if pool == "solo" else f"-{pool}")
         self.name = f"celeriac memory {pool}" + (f" x{concurrency}" if pool != "solo" else "")
         self.detail = (f"in-process broker + results; worker: Worker(pool={pool!r}, "
                        f"concurrency={concurrency}) on its own event loop in a thread of the "
@@ -299,21 +299,316 @@ class CeleriacMemory(CeleriacSystem):
         self.loop = None
 
 
-SYSTEMS: dict[str, Callable[[], System]] = {
-    "sqlite": CeleriacSQLite,
-    "sqlite-prefork": lambda: CeleriacSQLite("prefork", 2),
-    "memory": CeleriacMemory,
-    "memory-prefork": lambda: CeleriacMemory("prefork", 2),
+# -- peers: other task queues, each in its own virtualenv ------------------------------------
+
+@dataclass(frozen=True)
+class Peer:
+    key: str
+    """``--systems`` name; also the virtualenv's name, ``bench/.venv-<key>``."""
+    label: str
+    requirements: tuple[str, ...]
+    driver: str
+    """Script in ``bench/peers`` speaking ``peerlib``'s protocol."""
+    worker: tuple[str, ...]
+    """The worker's command line; the first word is a script in the virtualenv's bin/."""
+    redis_db: int
+    bulk_methods: dict[str, str]
+    detail: str
+    ready_lines: int = 1
+    """How many processes report ready (the drain is timed from the last)."""
+
+
+PEERS: dict[str, Peer] = {
+    "celery": Peer(
+        key="celery", label="Celery", requirements=("celery[redis]>=5.3,<6",),
+        driver="celery_driver.py",
+        worker=("celery", "-A", "celery_app", "worker", "--pool", "prefork", "-c", "2",
+                "-l", "warning"),
+        redis_db=14,
+        bulk_methods={
+            "group": "group(noop.s() for _ in range(n)).apply_async()",
+            "producer.batch": "with producer.batch({batch}): noop.apply_async(producer=...) "
+                              "x n (kombu >= 5.7 pipelines the LPUSHes)",
+        },
+        detail="Redis broker + Redis result backend, db 14, Celery's default settings",
+    ),
+    "dramatiq": Peer(
+        key="dramatiq", label="Dramatiq", requirements=("dramatiq[redis]>=1.15,<3",),
+        driver="dramatiq_driver.py", worker=("dramatiq", "dramatiq_app", "-p", "2", "-t", "1"),
+        redis_db=13, ready_lines=2,
+        bulk_methods={"group": "dramatiq.group(noop.message() for _ in range(n)).run()"},
+        detail="Redis broker + Results middleware on Redis, db 13, Dramatiq's defaults; "
+               "2 processes x 1 thread",
+    ),
 }
 
 
-# -- processes and files this bench leaves nothing of ----------------------------------------
+class PeerVenv:
+    """``bench/.venv-<key>``: made with ``python3 -m venv`` and pip on first use, then
+    reused while its stamp file lists the same requirements."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.path = HERE / f".venv-{peer.key}"
+        self.stamp = self.path / ".bench-installed"
+        self.python = self.path / "bin" / "python"
+        self.log = self.path.with_name(self.path.name + ".log")
+
+    def ready(self) -> bool:
+        wanted = "\n".join(self.peer.requirements)
+        return (self.python.exists() and self.stamp.exists()
+                and self.stamp.read_text() == wanted)
+
+    def ensure(self, timeout: float) -> None:
+        if self.ready():
+            return
+        deadline = time.monotonic() + timeout
+        rel = self.path.relative_to(HERE.parent)
+        console.print(f"setting up {rel} (first run): pip install "
+                      f"{' '.join(self.peer.requirements)} ...")
+        shutil.rmtree(self.path, ignore_errors=True)
+        base = shutil.which("python3") or sys.executable
+        with open(self.log, "wb") as log:
+            run_bounded([base, "-m", "venv", str(self.path)], deadline, log)
+            run_bounded([str(self.python), "-m", "pip", "install", "-q",
+                         "--disable-pip-version-check", *self.peer.requirements], deadline, log)
+        self.stamp.write_text("\n".join(self.peer.requirements))
+        self.log.unlink(missing_ok=True)
+
+
+class PeerDriver:
+    """The peer's producer: a subprocess in the peer's virtualenv, one JSON line per
+    command and per answer (``peers/peerlib.py``)."""
+
+    def __init__(self, venv: PeerVenv, env: dict[str, str], log_path: Path,
+                 deadline: float) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(venv.python), "-u", str(PEERS_DIR / venv.peer.driver)], cwd=PEERS_DIR,
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True)
+        _LIVE.add(self.proc)
+        self.buf = b""
+        self._answer(deadline)
+
+    def call(self, cmd: str, within: float, **args: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise BenchError(f"driver exited; log:\n{log_tail(self.log_path)}") from None
+        reply = self._answer(time.monotonic() + within, cmd)
+        if not reply.get("ok"):
+            raise BenchError(f"driver {cmd}: {reply.get('error')}")
+        return reply
+
+    def _answer(self, deadline: float, cmd: str = "start") -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(f"driver {cmd}: no answer in time; log:\n"
+                                 f"{log_tail(self.log_path)}")
+            readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+            if readable:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise BenchError(f"driver exited during {cmd}; log:\n"
+                                     f"{log_tail(self.log_path)}")
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b'{"cmd": "quit"}\n')
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        stop_process(self.proc, timeout=5)
+
+
+class PeerSystem(System):
+    """A peer on its own Redis database: its driver produces, its worker drains."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.key = peer.key
+        self.name = f"{peer.key} redis prefork x2"
+        self.detail = f"{peer.detail}; worker: `{' '.join(peer.worker)}` subprocess"
+        self.bulk_methods = peer.bulk_methods
+        self.venv = PeerVenv(peer)
+        self.url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{peer.redis_db}"
+        self.driver: PeerDriver | None = None
+        self.worker: WorkerProcess | None = None
+        self.timeout = 60.0
+        self.n = 0
+        self.versions: dict[str, str] = {}
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CELERIAC_", "VIRTUAL_ENV", "PYTHON"))}
+        env.update(PYTHONPATH=str(PEERS_DIR), PYTHONUNBUFFERED="1",
+                   **{f"BENCH_{self.peer.key.upper()}_URL": self.url})
+        env["PATH"] = os.pathsep.join([str(self.venv.path / "bin"), env.get("PATH", "")])
+        return env
+
+    def setup(self, workdir: Path) -> None:
+        self.workdir = workdir
+        require_redis()
+        if self.driver is None:
+            self.venv.ensure(timeout=SETUP_TIMEOUT)
+            self.driver = PeerDriver(self.venv, self.env(), workdir.parent /
+                                     f"{self.key}-driver.log", time.monotonic() + 60)
+            self.versions = self.driver.call("versions", 30)["versions"]
+        self.driver.call("reset", self.timeout)
+
+    def enqueue(self, n: int) -> None:
+        assert self.driver is not None
+        self.driver.call("enqueue", self.timeout, n=n)
+
+    def enqueue_bulk(self, n: int, batch: int, method: str) -> None:
+        assert self.driver is not None
+        reply = self.driver.call("bulk", self.timeout, n=n, batch=batch, method=method)
+        if "skipped" in reply:
+            raise BenchError(f"bulk method {method} unavailable: {reply['skipped']}")
+
+    def purge(self) -> None:
+        assert self.driver is not None
+        self.driver.call("purge", self.timeout)
+
+    def start_worker(self, deadline: float) -> float:
+        argv = [str(self.venv.path / "bin" / self.peer.worker[0]), *self.peer.worker[1:]]
+        self.worker = WorkerProcess(argv, self.env(), PEERS_DIR, self.workdir / "worker.log")
+        return self.worker.start(deadline, self.peer.ready_lines)
+
+    def wait_results(self, timeout: float) -> int:
+        assert self.driver is not None
+        succeeded = int(self.driver.call("wait", timeout + 5, timeout=timeout)["succeeded"])
+        if self.worker is not None and succeeded < self.n:
+            self.worker.check_alive("mid-drain")
+        return succeeded
+
+    def latency(self, count: int, warmup: int, timeout: float) -> list[float]:
+        assert self.driver is not None
+        reply = self.driver.call("latency", timeout + 5, count=count, warmup=warmup,
+                                 timeout=timeout)
+        return [float(s) for s in reply["samples"]]
+
+    def stop_worker(self) -> None:
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.stop()
+
+    def teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            flush_redis_db(self.peer.redis_db)
+
+    def close(self) -> None:
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            driver.close()
+
+
+SYSTEMS: dict[str, Callable[[], System]] = {
+    "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2),
+    **{key: (lambda peer=peer: PeerSystem(peer)) for key, peer in PEERS.items()},
+    "sqlite": lambda: CeleriacProcess("sqlite", "sqlite"),
+    "sqlite-prefork": lambda: CeleriacProcess("sqlite-prefork", "sqlite", "prefork", 2),
+    "memory": CeleriacMemory,
+    "memory-prefork": lambda: CeleriacMemory("prefork", 2),
+}
+REDIS_SYSTEMS = {"redis", *PEERS}
+"""The systems of the Redis comparison (and its ratio table)."""
+
+
+# -- processes, files and databases this bench leaves nothing of -----------------------------
 
 STOP_TIMEOUT = 15.0
+SETUP_TIMEOUT = 600.0
 _LIVE: set[subprocess.Popen[bytes]] = set()
 console = Console()
 if not console.is_terminal:
-    console = Console(width=100)  # piped (CI logs): room for the table
+    console = Console(width=110)  # piped (CI logs): room for the table
+
+
+def log_tail(path: Path | None, lines: int = 20) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class WorkerProcess:
+    """A worker subprocess in its own session, its output in ``log_path``; it reports
+    when it is consuming on a pipe (``BENCH_READY_FD``) and stops if this process dies
+    (``BENCH_PARENT``)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> None:
+        self.argv, self.env, self.cwd, self.log_path = argv, dict(env), cwd, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, deadline: float, ready_lines: int = 1) -> float:
+        """Start it; return the unix time the last of ``ready_lines`` processes (a
+        worker whose processes consume on their own) reported it was consuming."""
+        read_fd, write_fd = os.pipe()
+        self.env.update(BENCH_READY_FD=str(write_fd), BENCH_PARENT=str(os.getpid()))
+        try:
+            with open(self.log_path, "ab") as log:
+                # Own session: a Ctrl-C at the terminal reaches the bench only, which then
+                # stops the worker itself, never leaving it behind.
+                self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env,
+                                             stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+                                             start_new_session=True)
+            _LIVE.add(self.proc)
+            os.close(write_fd)
+            write_fd = -1
+            return self._read_ready(read_fd, deadline, ready_lines)
+        finally:
+            os.close(read_fd)
+            if write_fd >= 0:
+                os.close(write_fd)
+
+    def _read_ready(self, fd: int, deadline: float, count: int) -> float:
+        assert self.proc is not None
+        buf = b""
+        while True:
+            times = [float(line.split()[1]) for line in buf.decode(errors="replace").splitlines()
+                     if line.startswith(bench_tasks.READY_LINE)]
+            if len(times) >= count:
+                return max(times)
+            self.check_alive("before it was ready")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(f"worker not consuming in time; log:\n"
+                                 f"{log_tail(self.log_path)}")
+            readable, _, _ = select.select([fd], [], [], min(remaining, 0.2))
+            if readable:
+                chunk = os.read(fd, 4096)
+                if not chunk:  # every holder closed it: wait for the exit status
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(min(max(deadline - time.monotonic(), 0), 5))
+                    self.check_alive("before it was ready")
+                    raise BenchError("worker closed its ready pipe without a word")
+                buf += chunk
+
+    def check_alive(self, when: str) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise BenchError(f"worker exited ({self.proc.returncode}) {when}; log:\n"
+                             f"{log_tail(self.log_path)}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            stop_process(proc)
+            if proc.returncode not in (0, None):
+                console.print(f"[yellow]worker exited with {proc.returncode}; log:\n"
+                              f"{log_tail(self.log_path)}[/]")
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
@@ -328,9 +623,13 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
+        with contextlib.suppress(ProcessLookupError):  # children left by a killed leader
+            os.killpg(proc.pid, signal.SIGKILL)
     finally:
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
         _LIVE.discard(proc)
 
 
@@ -338,6 +637,49 @@ def stop_all() -> None:
     for proc in list(_LIVE):
         with contextlib.suppress(Exception):
             stop_process(proc, timeout=5.0)
+
+
+def run_bounded(argv: list[str], deadline: float, log: Any) -> None:
+    """Run a setup command to completion by ``deadline``, its output to ``log``."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    _LIVE.add(proc)
+    try:
+        proc.wait(max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        stop_process(proc, timeout=5)
+        raise BenchError(f"{' '.join(argv[:4])} ... did not finish in time") from None
+    finally:
+        _LIVE.discard(proc)
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(argv[:4])} ... failed ({proc.returncode}); see "
+                         f"{getattr(log, 'name', 'its log')}")
+
+
+def redis_reachable() -> bool:
+    try:
+        with socket.create_connection((REDIS_HOST, REDIS_PORT), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def require_redis() -> None:
+    if not redis_reachable():
+        raise BenchError(f"Redis is not reachable on {REDIS_HOST}:{REDIS_PORT} (`make bench` "
+                         "starts it with scripts/services.sh)")
+
+
+def flush_redis_db(db: int) -> None:
+    """Empty one of the bench's own Redis databases (never another, never FLUSHALL)."""
+    assert db in {CELERIAC_REDIS_DB, *(p.redis_db for p in PEERS.values())}
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db, socket_timeout=10)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
 
 
 def remove_doorbells(db_path: Path) -> None:
@@ -369,12 +711,19 @@ def terminate_as_interrupt() -> Iterator[None]:
 class Run:
     enqueue: float
     """tasks/s, one delay() per task"""
-    enqueue_batch: float | None
-    """tasks/s, publish_many in batches; None if not measured"""
+    bulk: dict[str, float]
+    """tasks/s per bulk method"""
     startup: float
     """seconds from asking for a worker to it consuming"""
     drain: float
     """tasks/s, worker consuming -> every result stored"""
+    p50: float | None
+    """seconds, one delay() + get() with an idle worker"""
+    p99: float | None
+
+    @property
+    def best_bulk(self) -> float | None:
+        return max(self.bulk.values()) if self.bulk else None
 
 
 @dataclass
@@ -383,28 +732,48 @@ class Outcome:
     runs: list[Run] = field(default_factory=list)
     error: str | None = None
 
+    def median(self, metric: Callable[[Run], float | None]) -> float | None:
+        got = [v for v in map(metric, self.runs) if v is not None]
+        return statistics.median(got) if got else None
 
-def measure(system: System, n: int, batch: int, timeout: float, workdir: Path) -> Run:
+
+def percentile(samples: list[float], pct: int) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
+    n, timeout = opts.n, opts.timeout
     system.setup(workdir)
     try:
-        batch_rate = None
-        if batch:
-            t0 = time.perf_counter()
-            if system.enqueue_batch(n, batch):
-                batch_rate = n / (time.perf_counter() - t0)
-            system.purge()
+        bulk = {}
+        if opts.batch:
+            for method in system.bulk_methods:
+                t0 = time.perf_counter()
+                system.enqueue_bulk(n, opts.batch, method)
+                bulk[method] = n / (time.perf_counter() - t0)
+                system.purge()
         t0 = time.perf_counter()
-        ids = system.enqueue(n)
+        system.enqueue(n)
         enqueue_rate = n / (time.perf_counter() - t0)
 
         asked = time.time()
         started = system.start_worker(time.monotonic() + timeout)
-        succeeded = system.wait_results(ids, timeout)
+        succeeded = system.wait_results(timeout)
         finished = time.time()
         if succeeded < n:
             raise BenchError(f"{n - succeeded} of {n} results missing or not SUCCESS after "
                              f"{timeout:.0f}s")
-        return Run(enqueue_rate, batch_rate, started - asked, n / (finished - started))
+        p50 = p99 = None
+        if opts.latency:
+            try:
+                samples = system.latency(opts.latency, opts.warmup, timeout)
+            except BenchError:
+                raise
+            except Exception as exc:
+                raise BenchError(f"round trip failed: {type(exc).__name__}: {exc}") from exc
+            p50, p99 = percentile(samples, 50), percentile(samples, 99)
+        return Run(enqueue_rate, bulk, started - asked, n / (finished - started), p50, p99)
     finally:
         try:
             system.stop_worker()
@@ -414,19 +783,29 @@ def measure(system: System, n: int, batch: int, timeout: float, workdir: Path) -
 
 def bench(system: System, opts: argparse.Namespace, root: Path) -> Outcome:
     outcome = Outcome(system)
-    for i in range(1, opts.runs + 1):
-        workdir = root / f"{system.name.replace(' ', '-')}-{i}"
-        workdir.mkdir()
-        try:
-            run = measure(system, opts.n, opts.batch, opts.timeout, workdir)
-        except BenchError as exc:
-            outcome.error = f"run {i}: {exc}"
-            console.print(f"[red]{system.name} run {i}/{opts.runs} failed: {exc}[/]")
-            return outcome
-        outcome.runs.append(run)
-        batch = f"  batch {run.enqueue_batch:,.0f}/s" if run.enqueue_batch else ""
-        console.print(f"  {system.name} {i}/{opts.runs}: delay {run.enqueue:,.0f}/s{batch}"
-                      f"  drain {run.drain:,.0f}/s  worker up {run.startup * 1000:,.0f} ms")
+    if isinstance(system, PeerSystem):
+        system.timeout, system.n = opts.timeout, opts.n
+    try:
+        for i in range(1, opts.runs + 1):
+            workdir = root / f"{system.name.replace(' ', '-')}-{i}"
+            workdir.mkdir()
+            try:
+                run = measure(system, opts, workdir)
+            except Exception as exc:  # one system failing does not stop the others
+                message = str(exc) if isinstance(exc, BenchError) else \
+                    f"{type(exc).__name__}: {exc}"
+                outcome.error = f"run {i}: {message}"
+                console.print(f"[red]{system.name} run {i}/{opts.runs} failed: {message}[/]")
+                return outcome
+            outcome.runs.append(run)
+            bulk = "".join(f"  {m} {r:,.0f}/s" for m, r in run.bulk.items())
+            rt = (f"  round trip p50 {run.p50 * 1e3:.2f} ms p99 {run.p99 * 1e3:.2f} ms"
+                  if run.p50 is not None and run.p99 is not None else "")
+            console.print(f"  {system.name} {i}/{opts.runs}: delay {run.enqueue:,.0f}/s{bulk}"
+                          f"  drain {run.drain:,.0f}/s{rt}  worker up "
+                          f"{run.startup * 1000:,.0f} ms")
+    finally:
+        system.close()
     return outcome
 
 
@@ -442,33 +821,113 @@ def cell(values: list[float | None], fmt: str) -> str:
     return f"{mid}\n[dim]{format(min(got), fmt)}-{format(max(got), fmt)}[/]"
 
 
+def ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000
+
+
 def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
-    table = Table(title=f"celeriac no-op throughput: N={opts.n:,} tasks, median of "
-                        f"{opts.runs} run(s) (min-max below)")
-    table.add_column("system")
-    table.add_column("enqueue\ndelay()\ntasks/s", justify="right")
+    table = Table(title=f"no-op tasks: N={opts.n:,} per run, median of {opts.runs} run(s) "
+                        "(min-max below)")
+    columns = [("system", "left"), ("enqueue\ndelay()\ntasks/s", "right")]
     if opts.batch:
-        table.add_column(f"enqueue\npublish_many\nx{opts.batch} tasks/s", justify="right")
-    table.add_column("drain\nrun + results\ntasks/s", justify="right")
-    table.add_column("worker\nstartup\nms", justify="right")
+        columns.append(("enqueue\nbulk (best)\ntasks/s", "right"))
+    columns.append(("drain\nrun + results\ntasks/s", "right"))
+    if opts.latency:
+        columns += [("round trip\np50\nms", "right"), ("round trip\np99\nms", "right")]
+    columns.append(("worker\nstartup\nms", "right"))
+    for title, justify in columns:
+        table.add_column(title, justify=justify)
     for o in outcomes:
         if not o.runs:
-            cols = ["[red]failed[/]"] * (4 if opts.batch else 3)
+            cols = ["[red]failed[/]"] * (len(columns) - 1)
         else:
             cols = [cell([r.enqueue for r in o.runs], ",.0f")]
             if opts.batch:
-                cols.append(cell([r.enqueue_batch for r in o.runs], ",.0f"))
-            cols += [cell([r.drain for r in o.runs], ",.0f"),
-                     cell([r.startup * 1000 for r in o.runs], ",.0f")]
+                cols.append(cell([r.best_bulk for r in o.runs], ",.0f"))
+            cols.append(cell([r.drain for r in o.runs], ",.0f"))
+            if opts.latency:
+                cols += [cell([ms(r.p50) for r in o.runs], ".2f"),
+                         cell([ms(r.p99) for r in o.runs], ".2f")]
+            cols.append(cell([r.startup * 1000 for r in o.runs], ",.0f"))
         table.add_row(o.system.name + (" [red](incomplete)[/]" if o.error and o.runs else ""),
                       *cols)
     return table
 
 
-def ratios(outcomes: list[Outcome]) -> None:
-    """Prefork (2 children) drain over solo drain, per transport, from this run."""
-    drains = {o.system.name: statistics.median(r.drain for r in o.runs)
-              for o in outcomes if o.runs}
+def details(outcomes: list[Outcome], opts: argparse.Namespace) -> None:
+    for o in outcomes:
+        system = o.system
+        versions = getattr(system, "versions", None)
+        pinned = (" (" + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")"
+                  if versions else "")
+        console.print(f"[dim]{system.name}{pinned}: {system.detail}[/]")
+        if opts.batch and o.runs:
+            for method, how in system.bulk_methods.items():
+                rate = o.median(lambda r, m=method: r.bulk.get(m))  # type: ignore[misc]
+                shown = f"{rate:,.0f}/s" if rate else "-"
+                console.print(f"[dim]    bulk {method}: {shown} = "
+                              f"{how.replace('{batch}', str(opts.batch))}[/]")
+
+TARGETS = {  # metric -> (celeriac/Celery at least, or an absolute ceiling in seconds)
+    "enqueue": ("ratio", 5.0),
+    "bulk": ("ratio", 20.0),
+    "drain": ("ratio", 10.0),
+    "p50": ("ceiling", 0.001),
+}
+REFERENCE = {"enqueue": 1650.0, "drain": 700.0, "p50": 0.0038}
+"""Celery on the development machine when the targets were set (enqueues/s, drained/s,
+p50 seconds): printed beside this run's Celery for scale."""
+
+
+def ratio_table(outcomes: list[Outcome]) -> Table | None:
+    by_key = {o.system.key: o for o in outcomes if o.runs}
+    ours = by_key.get("redis")
+    peers = [by_key[k] for k in PEERS if k in by_key]
+    if ours is None or not peers:
+        return None
+    metrics: list[tuple[str, str, Callable[[Run], float | None], str]] = [
+        ("enqueue", "enqueue delay() tasks/s", lambda r: r.enqueue, ",.0f"),
+        ("bulk", "enqueue bulk (best) tasks/s", lambda r: r.best_bulk, ",.0f"),
+        ("drain", "drain tasks/s", lambda r: r.drain, ",.0f"),
+        ("p50", "round trip p50 ms", lambda r: ms(r.p50), ".2f"),
+        ("p99", "round trip p99 ms", lambda r: ms(r.p99), ".2f"),
+    ]
+    table = Table(title="celeriac on Redis against its peers (medians; ratio = celeriac / "
+                        "peer; for round trips lower is better)")
+    table.add_column("metric")
+    table.add_column("celeriac\nredis", justify="right")
+    for p in peers:
+        label = PEERS[p.system.key].label
+        table.add_column(label, justify="right")
+        table.add_column(f"celeriac/\n{label}", justify="right")
+    table.add_column("target", justify="right")
+    table.add_column("met?")
+    celery = by_key.get("celery")
+    for key, label, metric, fmt in metrics:
+        mine = ours.median(metric)
+        row = [label, "-" if mine is None else format(mine, fmt)]
+        for p in peers:
+            theirs = p.median(metric)
+            row.append("-" if theirs is None else format(theirs, fmt))
+            row.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+        verdict, target = "", ""
+        kind, bound = TARGETS.get(key, ("", 0.0))
+        if kind == "ratio":
+            target = f">= {bound:g}x Celery"
+            theirs = celery.median(metric) if celery else None
+            if mine and theirs:
+                verdict = "[green]yes[/]" if mine / theirs >= bound else "[red]no[/]"
+        elif kind == "ceiling":
+            target = f"< {bound * 1000:g} ms"
+            if mine is not None:
+                verdict = "[green]yes[/]" if mine / 1000 < bound else "[red]no[/]"
+        table.add_row(*row, target, verdict)
+    return table
+
+
+def pool_ratios(outcomes: list[Outcome]) -> None:
+    """Prefork (2 children) drain over solo drain, per local transport, from this run."""
+    drains = {o.system.name: o.median(lambda r: r.drain) for o in outcomes if o.runs}
     for transport in ("sqlite", "memory"):
         solo = drains.get(f"celeriac {transport} solo")
         prefork = drains.get(f"celeriac {transport} prefork x2")
@@ -479,12 +938,17 @@ def ratios(outcomes: list[Outcome]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=5000, help="tasks per run (default 5000)")
+    parser.add_argument("--n", type=int, default=10_000, help="tasks per run (default 10000)")
     parser.add_argument("--runs", type=int, default=3, help="runs per system (default 3)")
-    parser.add_argument("--transports", "--systems", default=",".join(SYSTEMS),
+    parser.add_argument("--systems", "--transports", dest="systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all)")
-    parser.add_argument("--batch", type=int, default=500,
-                        help="publish_many batch size; 0 skips it (default 500)")
+    parser.add_argument("--batch", type=int, default=1000,
+                        help="bulk enqueue: messages per round trip; 0 skips the bulk "
+                             "enqueue (default 1000)")
+    parser.add_argument("--latency", type=int, default=200,
+                        help="round trips timed per run; 0 skips them (default 200)")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="untimed round trips before those (default 10)")
     parser.add_argument("--no-pool-overhead", dest="pool_overhead", action="store_false",
                         help="skip the prefork pool overhead measurement")
     parser.add_argument("--timeout", type=float, default=60.0,
@@ -492,12 +956,14 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     # The in-process worker's expected lines ("warm shutdown: ...") are not news.
     logging.getLogger("celeriac").setLevel(logging.ERROR)
-    names = [s.strip() for s in opts.transports.split(",") if s.strip()]
+    names = [s.strip() for s in opts.systems.split(",") if s.strip()]
     unknown = [s for s in names if s not in SYSTEMS]
     if unknown or not names:
-        parser.error(f"unknown --transports {unknown}; known: {', '.join(SYSTEMS)}")
-    if opts.n < 1 or opts.runs < 1 or opts.batch < 0 or opts.timeout <= 0:
-        parser.error("--n and --runs must be >= 1, --batch >= 0, --timeout > 0")
+        parser.error(f"unknown --systems {unknown}; known: {', '.join(SYSTEMS)}")
+    if (opts.n < 1 or opts.runs < 1 or opts.batch < 0 or opts.latency < 0 or opts.warmup < 0
+            or opts.timeout <= 0):
+        parser.error("--n and --runs must be >= 1, --batch, --latency and --warmup >= 0, "
+                     "--timeout > 0")
 
     console.print(f"[bold]celeriac bench[/]: {opts.n:,} no-op tasks x {opts.runs} run(s) on "
                   f"{', '.join(names)}; Python {platform.python_version()}, "
@@ -509,14 +975,26 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 outcomes.append(bench(SYSTEMS[name](), opts, Path(tmp)))
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted; workers stopped[/]")
+            console.print("[yellow]interrupted; workers and drivers stopped[/]")
             return 130
     console.print(report(outcomes, opts))
-    for o in outcomes:
-        console.print(f"[dim]{o.system.name}: {o.system.detail}[/]")
-    ratios(outcomes)
+    details(outcomes, opts)
+    ratios = ratio_table(outcomes)
+    if ratios is not None:
+        console.print(ratios)
+        celery = next((o for o in outcomes if o.system.key == "celery" and o.runs), None)
+        if celery is not None:
+            mine = {k: celery.median(m) for k, m in (
+                ("enqueue", lambda r: r.enqueue), ("drain", lambda r: r.drain),
+                ("p50", lambda r: r.p50))}
+            console.print(
+                f"[dim]Celery when the targets were set: {REFERENCE['enqueue']:,.0f} enqueues/s, "
+                f"{REFERENCE['drain']:,.0f} drained/s, {REFERENCE['p50'] * 1e3:.1f} ms p50; "
+                f"in this run: {mine['enqueue'] or 0:,.0f}, {mine['drain'] or 0:,.0f}, "
+                f"{(mine['p50'] or 0) * 1e3:.2f} ms. Targets are judged against this run.[/]")
+    pool_ratios(outcomes)
     if opts.pool_overhead:
-        overhead = pool_overhead.measure(runs=opts.runs)
+        overhead = pool_overhead.measure(runs=min(opts.runs, 3))
         console.print(
             f"prefork pool overhead per task: {overhead['pool_us']:.1f} us; raw pipe round "
             f"trip between two Python processes: {overhead['raw_us']:.1f} us; ratio "

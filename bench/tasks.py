@@ -2,21 +2,21 @@
 
 The bench process calls ``make_app(url)`` for a fresh app per run. A worker subprocess
 loads the module-level ``app`` (``celeriac -A tasks worker``), which reads its settings
-from ``CELERIAC_*`` variables (``CELERIAC_BROKER_URL``), so both sides meet on one file.
+from ``CELERIAC_*`` variables (``CELERIAC_BROKER_URL``), so both sides meet on one broker.
 
-Two switches, set only by ``bench/run.py`` for the worker it starts:
+Two switches, set only by ``bench/run.py`` for the worker it starts (the same ones the
+peers' worker modules read, see ``peers/peerlib.py``):
 
-- ``CELERIAC_BENCH_READY=1``: print ``celeriac-bench-ready <unix time>`` on stdout once
-  the worker is consuming, so the drain is timed from then, not from process spawn.
-- ``CELERIAC_BENCH_PARENT=<pid>``: warm-stop this worker if that process goes away (the
-  bench was SIGKILLed and could not clean up).
+- ``BENCH_READY_FD=<fd>``: write ``bench-ready <unix time>`` to that pipe once the worker
+  is consuming, so the drain is timed from then, not from process spawn.
+- ``BENCH_PARENT=<pid>``: warm-stop this worker if that process goes away (the bench
+  was SIGKILLed and could not clean up).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +26,7 @@ from celeriac import Celeriac, Hooks, Settings
 from celeriac.tasks import Task
 
 NOOP = "bench.noop"
-READY_LINE = "celeriac-bench-ready"
+READY_LINE = "bench-ready"
 
 
 def make_app(broker_url: str | None = None) -> tuple[Celeriac, Task[[], None]]:
@@ -52,9 +52,15 @@ class OnReady(Hooks):
         self.callback(time.time())
 
 
-def _announce(at: float) -> None:
-    sys.stdout.write(f"{READY_LINE} {at!r}\n")
-    sys.stdout.flush()
+def _announcer(fd: int) -> Callable[[float], None]:
+    def announce(at: float) -> None:
+        try:
+            os.write(fd, f"{READY_LINE} {at!r}\n".encode())
+            os.close(fd)
+        except OSError:
+            pass
+
+    return announce
 
 
 def _watch_parent(pid: int) -> None:
@@ -68,8 +74,8 @@ def _watch_parent(pid: int) -> None:
 
 app, noop = make_app()
 
-if os.environ.get("CELERIAC_BENCH_READY"):
-    app.add_hooks(OnReady(_announce))
-if parent := os.environ.get("CELERIAC_BENCH_PARENT"):
+if ready_fd := os.environ.pop("BENCH_READY_FD", None):
+    app.add_hooks(OnReady(_announcer(int(ready_fd))))
+if parent := os.environ.pop("BENCH_PARENT", None):
     threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True,
                      name="bench-parent-watch").start()

@@ -111,3 +111,17 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BackendF
     factory = BackendFactory(request.param, BACKEND_URLS[request.param](tmp_path))
     yield factory
     factory.close_all()
+    if request.param == "postgres":
+        _drop_postgres_table(factory.url)
+
+
+def _drop_postgres_table(url: str) -> None:
+    """Each contract test made its own ``<namespace>_results`` table: leave none behind."""
+    import psycopg
+    from psycopg import sql
+
+    base, _, query = url.partition("?")
+    namespace = dict(p.split("=", 1) for p in query.split("&") if "=" in p)["namespace"]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
+            sql.Identifier(f"{namespace}_results")))

@@ -20,11 +20,13 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from ...backends.base import ResultBackend, backend_class
 from ...errors import SoftTimeLimitExceeded
 from ...protocol import Delivery, Message
 from ...transports.base import DeadLetter, Outgoing, Subscription, Transport, transport_class
-from ..execute import Job, Outcome, execute
+from ..execute import Result, execute_message
 from . import pipes
 
 if TYPE_CHECKING:
@@ -57,44 +59,38 @@ def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
     reader = pipes.FrameReader()
     done_tasks = 0
     while True:
-        frames = list(pipes.read_frame(job_r, reader))
+        frames = pipes.read_frames(job_r, reader)
         if not frames:
             return 0  # EOF: the parent closed our pipe or died
         for kind, payload in frames:
             if kind == pipes.STOP:
                 return 0
             meta, body = pipes.split_blob(payload)
-            job = Job(meta["id"], meta["headers"], body, meta["content_type"], meta["queue"],
-                      meta["delivery_count"], meta["hostname"])
-            outcome = _run(app, job, meta.get("soft_limit"))
+            job_id, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
+            action, state, reason, runtime = _run(app, headers, body, content_type, queue,
+                                                  delivery_count, hostname, soft_limit)
             done_tasks += 1
             retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
-            pipes.write_all(result_w, pipes.frame(pipes.DONE, _encode_done(job, outcome,
-                                                                          retire)))
+            pipes.write_all(result_w, pipes.frame(pipes.DONE, orjson.dumps(
+                (job_id, action, state, reason, runtime, retire))))
             if retire:
                 return 0
             if os.getppid() != parent:
                 return 0
 
 
-def _run(app: Celeriac, job: Job, soft_limit: float | None) -> Outcome:
+def _run(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str, queue: str,
+         delivery_count: int, hostname: str, soft_limit: float | None) -> Result:
     if soft_limit:
         signal.setitimer(signal.ITIMER_REAL, soft_limit)
     try:
-        return execute(app, job)
+        return execute_message(app, headers, body, content_type, queue, delivery_count,
+                               hostname)
     except SoftTimeLimitExceeded as exc:  # fired outside the task body (rare)
-        return Outcome("ack", None, repr(exc))
+        return "ack", None, repr(exc), 0.0
     finally:
         if soft_limit:
             signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _encode_done(job: Job, outcome: Outcome, retire: bool) -> bytes:
-    import orjson
-
-    return orjson.dumps({"id": job.id, "action": outcome.action, "state": outcome.state,
-                         "reason": outcome.reason, "runtime": outcome.runtime,
-                         "retire": retire})
 
 
 def _should_retire(done: int, max_tasks: int | None, max_memory_kib: int | None) -> bool:

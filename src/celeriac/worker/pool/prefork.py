@@ -4,7 +4,8 @@ Parent side, all on the worker's loop with no helper thread: each child has a jo
 (parent writes, non-blocking, with an outbound buffer) and a result pipe (registered with
 ``add_reader``). ``children`` maps pid -> ``ChildProc``; ``by_fd`` maps a result pipe's fd
 to its child. A job goes only to an idle child that has reported UP, so a long task never
-holds up work while another child is free. Exits are reaped on SIGCHLD and by the
+holds up work while another child is free; ``idle`` holds exactly those children, so
+neither dispatch nor ``free_slots`` scans the pool. Exits are reaped on SIGCHLD and by the
 supervisor tick (``supervisor.py``), which also replaces dead children, kills children that
 never report UP, and stops the worker on a restart storm.
 """
@@ -61,6 +62,11 @@ class PreforkPool(Pool):
         self.max_memory_per_child = s.worker_max_memory_per_child
         self.children: dict[int, ChildProc] = {}
         self.by_fd: dict[int, ChildProc] = {}
+        self.idle: dict[ChildProc, None] = {}
+        """Children that can take a job now: UP, no job, not retiring, pipes open."""
+        self._busy = 0
+        """Children with a job (``_all_idle`` is set when it drops to zero)."""
+        self._task_limits: dict[str, tuple[float | None, float | None]] = {}
         self.closing = False
         self._all_idle = asyncio.Event()
         self._all_gone = asyncio.Event()
@@ -130,31 +136,40 @@ class PreforkPool(Pool):
 
     # -- dispatch -----------------------------------------------------------------------
     def free_slots(self) -> int:
-        return sum(1 for c in self.children.values() if c.up and c.job is None and not c.retiring)
+        return len(self.idle)
 
     def running(self) -> list[Job]:
         return [c.job for c in self.children.values() if c.job is not None]
 
     def submit(self, job: Job) -> None:
-        proc = next(c for c in self.children.values()
-                    if c.up and c.job is None and not c.retiring)
+        # The most recently idle child: its pages and caches are the warmest.
+        proc, _ = self.idle.popitem()
         hard, soft = self._limits(job)
         proc.job = job
+        self._busy += 1
         self._all_idle.clear()
         if hard:
             proc.hard_limit = self.timer.call_after(hard, self._hard_limit, proc, job, hard)
-        meta = {"id": job.id, "headers": job.headers, "content_type": job.content_type,
-                "queue": job.queue, "delivery_count": job.delivery_count,
-                "hostname": job.hostname, "soft_limit": soft}
+        meta = (job.id, job.headers, job.content_type, job.queue, job.delivery_count,
+                job.hostname, soft)
         proc.writer.write(pipes.frame_with_blob(pipes.JOB, meta, job.body))
 
     def _limits(self, job: Job) -> tuple[float | None, float | None]:
         limits = job.headers.get("timelimit") or (None, None)
-        task = self.app.tasks.get(job.headers["task"])
-        s = self.app.settings
-        hard = limits[0] or (task and task.options.time_limit) or s.task_time_limit
-        soft = limits[1] or (task and task.options.soft_time_limit) or s.task_soft_time_limit
-        return hard, soft
+        name = job.headers["task"]
+        defaults = self._task_limits.get(name)
+        if defaults is None:
+            task = self.app.tasks.get(name)
+            s = self.app.settings
+            defaults = ((task and task.options.time_limit) or s.task_time_limit,
+                        (task and task.options.soft_time_limit) or s.task_soft_time_limit)
+            if task is not None:  # an unknown name may be registered later
+                self._task_limits[name] = defaults
+        return limits[0] or defaults[0], limits[1] or defaults[1]
+
+    def _set_idle(self, proc: ChildProc) -> None:
+        if proc.up and proc.job is None and not proc.retiring and not proc.writer.closed:
+            self.idle[proc] = None
 
     # -- child -> parent ----------------------------------------------------------------
     def _on_readable(self, proc: ChildProc) -> None:
@@ -173,6 +188,7 @@ class PreforkPool(Pool):
                 self._on_done_frame(proc, payload)
             elif kind == pipes.UP:
                 proc.up = True
+                self._set_idle(proc)
                 self.on_ready()
             elif kind == pipes.RELAY_RESULT:
                 meta, blob = pipes.split_blob(payload)
@@ -184,26 +200,29 @@ class PreforkPool(Pool):
                 self.app.transport.publish(meta["queue"], message, delay=meta["delay"])
 
     def _on_done_frame(self, proc: ChildProc, payload: bytes) -> None:
-        done = orjson.loads(payload)
+        job_id, action, state, reason, runtime, retire = orjson.loads(payload)
         job = proc.job
-        if job is None or job.id != done["id"]:
+        if job is None or job.id != job_id:
             return  # already settled (hard time limit fired as it finished)
-        self._finish(proc)
-        if done["retire"]:
+        if retire:
             proc.retiring = True  # the child exits by itself
             logger.info("child %d recycled (max tasks or memory per child)", proc.pid)
         elif proc.retiring:
             proc.writer.write(pipes.frame(pipes.STOP))
-        self.on_done(job, Outcome(done["action"], done["state"], done["reason"],
-                                  done["runtime"]))
-        self.on_ready()
+        self._finish(proc)
+        # The slot that opened is reported by on_done (the consumer dispatches from
+        # there); on_ready is only for slots that open otherwise.
+        self.on_done(job, Outcome(action, state, reason, runtime))
 
     def _finish(self, proc: ChildProc) -> None:
+        """``proc`` no longer runs its job (done, timed out or lost)."""
         proc.job = None
+        self._busy -= 1
         if proc.hard_limit is not None:
             proc.hard_limit.cancel()
             proc.hard_limit = None
-        if not any(c.job for c in self.children.values()):
+        self._set_idle(proc)
+        if not self._busy:
             self._all_idle.set()
 
     # -- limits and losses --------------------------------------------------------------
@@ -283,16 +302,19 @@ class PreforkPool(Pool):
 
     def _retire(self, proc: ChildProc) -> None:
         proc.retiring = True
+        self.idle.pop(proc, None)
         if proc.job is None:
             proc.writer.write(pipes.frame(pipes.STOP))
 
     def _kill(self, proc: ChildProc, why: str) -> None:
         proc.killed_for = why
         proc.retiring = True  # a dying child gets no new job
+        self.idle.pop(proc, None)
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
 
     def _detach(self, proc: ChildProc) -> None:
+        self.idle.pop(proc, None)  # its pipes are closed: a job sent to it would be lost
         if self.by_fd.pop(proc.result_fd, None) is not None:
             self.loop.remove_reader(proc.result_fd)
             os.close(proc.result_fd)

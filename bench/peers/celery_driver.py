@@ -1,0 +1,104 @@
+"""The bench's producer for Celery, run with ``bench/.venv-celery``'s python.
+
+Speaks the line protocol in ``peerlib.py``. The bulk path is measured two ways and both
+are reported: ``group(noop.s() x n).apply_async()`` (Celery's API for sending many
+tasks at once; it reuses one producer but publishes one message per Redis call), and,
+when kombu has it (>= 5.7), ``Producer.batch()`` around ``apply_async(producer=...)``
+(kombu pipelines the LPUSHes, ``batch`` per round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import celery_app
+import peerlib
+import redis
+from celery import group
+
+RESULT_PREFIX = "celery-task-meta-"
+
+
+class Driver:
+    def __init__(self) -> None:
+        self.redis = redis.Redis.from_url(celery_app.URL)
+        self.app: Any = None
+        self.noop: Any = None
+        self.ids: list[str] = []
+
+    def _close(self) -> None:
+        if self.app is not None:
+            self.app.close()
+            self.app = self.noop = None
+
+    def reset(self) -> None:
+        self._close()
+        self.redis.flushdb()  # database 14: the bench's own
+        self.ids = []
+        self.app, self.noop = celery_app.make_app()
+        # Connect the producer and the result consumer, declare the queue: outside the
+        # timed parts, as the celeriac systems open their connections first.
+        self.noop.delay()
+        self.purge()
+
+    def purge(self) -> None:
+        self.app.control.purge()
+
+    def enqueue(self, n: int) -> None:
+        delay = self.noop.delay
+        self.ids = [delay().id for _ in range(n)]
+
+    def bulk(self, n: int, batch: int, method: str) -> dict[str, Any]:
+        if method == "group":
+            group(self.noop.s() for _ in range(n)).apply_async()
+            return {"method": "group(noop.s() for _ in range(n)).apply_async()"}
+        with self.app.producer_or_acquire() as producer:
+            if not hasattr(producer, "batch"):
+                return {"skipped": "kombu has no Producer.batch (< 5.7)"}
+            apply_async = self.noop.apply_async
+            with producer.batch(batch):
+                for _ in range(n):
+                    apply_async(producer=producer)
+        return {"method": f"with producer.batch({batch}): noop.apply_async(producer=...)"}
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        keys = [RESULT_PREFIX + i for i in self.ids]
+        ok = peerlib.poll_results(self.redis.mget, keys,
+                                  lambda v: json.loads(v).get("status") == "SUCCESS", timeout)
+        return {"succeeded": ok}
+
+    def latency(self, count: int, warmup: int, timeout: float) -> dict[str, Any]:
+        # A fresh app: its result consumer has no backlog from the drained tasks.
+        app, noop = celery_app.make_app()
+        try:
+            samples = []
+            for i in range(warmup + count):
+                t0 = time.perf_counter()
+                noop.delay().get(timeout=timeout)
+                if i >= warmup:
+                    samples.append(time.perf_counter() - t0)
+            return {"samples": samples}
+        finally:
+            app.close()
+
+    def versions(self) -> dict[str, Any]:
+        return {"versions": peerlib.versions("celery", "kombu", "redis")}
+
+    def quit(self) -> None:
+        self._close()
+
+
+def main() -> None:
+    driver = Driver()
+    try:
+        peerlib.serve({"reset": driver.reset, "enqueue": driver.enqueue, "bulk": driver.bulk,
+                       "purge": driver.purge, "wait": driver.wait, "latency": driver.latency,
+                       "versions": driver.versions})
+    finally:
+        driver.quit()
+
+
+if __name__ == "__main__":
+    main()

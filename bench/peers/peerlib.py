@@ -1,0 +1,131 @@
+"""What every peer's driver and worker module share (standard library only: these files
+run in the peer's own virtualenv, never in celeriac's).
+
+The bench (``bench/run.py``) talks to a peer's driver over its stdin and stdout, one JSON
+object a line. It sends ``{"cmd": NAME, ...arguments}``; the driver answers with
+``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. Commands:
+
+- ``reset``: an empty broker and result store for one run (the peer's own Redis
+  database only), and a fresh client, connected and warmed up.
+- ``enqueue {"n"}``: ``n`` no-op tasks, one ``delay()`` each; the driver keeps the ids.
+- ``bulk {"n", "batch"}``: ``n`` no-op tasks through the peer's bulk API; answers
+  ``{"method": "..."}``, or ``{"skipped": "why"}`` when the peer has none.
+- ``purge``: delete every waiting message (after ``bulk``).
+- ``wait {"timeout"}``: block until every task of the last ``enqueue`` has a stored
+  result or ``timeout`` passes; answers ``{"succeeded": k}``.
+- ``latency {"count", "warmup", "timeout"}``: ``count`` sequential calls, each one
+  ``delay()`` and a wait for its result, with a fresh client; answers
+  ``{"samples": [seconds, ...]}``.
+- ``versions``: ``{"versions": {"package": "x.y.z"}}``.
+- ``quit``.
+
+The bench reads the clocks for everything but ``latency`` (each sample is timed where
+the call is made) and the worker's ready time, which the worker module reports with
+``announce_ready()`` on the pipe the bench opened for it (``BENCH_READY_FD``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+READY_LINE = "bench-ready"
+
+
+def announce_ready() -> None:
+    """Tell the bench this worker is consuming now (once; later calls do nothing)."""
+    fd = os.environ.pop("BENCH_READY_FD", None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), f"{READY_LINE} {time.time()!r}\n".encode())
+        os.close(int(fd))
+    except OSError:
+        pass
+
+
+def watch_parent() -> None:
+    """Warm-stop this worker if the bench that started it goes away (``BENCH_PARENT``)."""
+    parent = os.environ.get("BENCH_PARENT")
+    if not parent:
+        return
+
+    def watch(pid: int) -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != pid:
+                os.kill(os.getpid(), signal.SIGTERM)  # warm shutdown
+                time.sleep(15)
+                os._exit(3)
+
+    threading.Thread(target=watch, args=(int(parent),), daemon=True,
+                     name="bench-parent-watch").start()
+
+
+def versions(*packages: str) -> dict[str, str]:
+    found = {}
+    for name in packages:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    return found
+
+
+def serve(handlers: dict[str, Callable[..., dict[str, Any] | None]]) -> None:
+    """Answer commands from stdin until ``quit`` or EOF (the bench went away)."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
+    out.write(json.dumps({"ok": True, "hello": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        cmd = request.pop("cmd")
+        if cmd == "quit":
+            break
+        try:
+            reply = handlers[cmd](**request) or {}
+            reply["ok"] = True
+        except Exception as exc:
+            traceback.print_exc()
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def poll_results(fetch: Callable[[list[Any]], list[Any]], keys: list[Any],
+                 succeeded: Callable[[Any], bool], timeout: float, window: int = 500,
+                 pause: float = 0.005) -> int:
+    """Wait until ``fetch`` finds every key in ``keys`` (or ``timeout``); return how many
+    of the values found ``succeeded``.
+
+    ``fetch(some_keys)`` returns one value per key, None where there is no result yet
+    (one Redis round trip: an MGET, or a pipeline). Keys are checked in the order given
+    (the order the tasks were sent), ``window`` at a time: a worker finishes tasks
+    roughly in that order, so each poll costs about one read per new result plus one
+    window of misses, and the last result is seen within ``pause`` seconds of being
+    stored.
+    """
+    pending = list(keys)
+    ok = 0
+    deadline = time.monotonic() + timeout
+    while pending:
+        head = pending[:window]
+        values = fetch(head)
+        missing = [k for k, v in zip(head, values, strict=True) if v is None]
+        ok += sum(1 for v in values if v is not None and succeeded(v))
+        pending = missing + pending[window:]
+        if missing:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+    return ok

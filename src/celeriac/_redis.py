@@ -1,0 +1,310 @@
+"""What the Redis transport and the Redis result backend share: URLs, clients, retries,
+and the Lua scripts.
+
+A URL is redis-py's (``redis://[user:password@]host:port/db``, ``rediss://`` for TLS) plus
+our own query parameter ``namespace`` (default ``celeriac``), the prefix of every key;
+it is taken out before the URL reaches redis-py. Several URLs separated by ``;`` are
+tried in order (``broker_failover_strategy="round-robin"``) or in a shuffled order
+(``"shuffle"``): a connection failure moves to the next one.
+
+Clients belong to one process (re-created when ``os.getpid()`` changes, never closed
+in a child) and async clients to one event loop. redis-py's own retries are off: the
+policy is ours. Synchronous calls (producers, administration, results) retry per
+``broker_connection_retry`` / ``broker_connection_max_retries`` with exponential backoff
+and jitter, then raise ``BrokerUnavailable``. Async calls (the worker) reconnect and try
+once more, then raise: the worker's Consumer owns the longer backoff. A retried call
+may have run once already (its reply was lost): that is at-least-once, and the
+transport's scripts are written so that a repeat does no harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript, Script
+from redis.retry import Retry
+
+from .errors import BrokerUnavailable, ConfigurationError, OperationalError
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+logger = logging.getLogger("celeriac.redis")
+
+T = TypeVar("T")
+DEFAULT_NAMESPACE = "celeriac"
+FAILOVER_STRATEGIES = ("round-robin", "shuffle")
+# Worth another try (on the next URL, if there are several). READONLY means this URL now
+# points at a replica: after a failover the primary is elsewhere.
+RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    url: str
+    """For redis-py: without our query parameters."""
+    safe: str
+    """For messages and logs: the password masked."""
+    namespace: str
+    secrets: tuple[str, ...]
+    """Strings that must never appear in a message (the password)."""
+
+
+def parse_url(url: str) -> Endpoint:
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigurationError(f"not a Redis URL: {mask_password(url)!r}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    namespace = DEFAULT_NAMESPACE
+    for name, value in query:
+        if name == "namespace":
+            namespace = value
+    if not namespace:
+        raise ConfigurationError(f"empty namespace in {mask_password(url)!r}")
+    rest = urlencode([(k, v) for k, v in query if k != "namespace"])
+    secrets = tuple(s for s in (parts.password, dict(query).get("password")) if s)
+    return Endpoint(urlunsplit(parts._replace(query=rest)), mask_password(url), namespace,
+                    secrets)
+
+
+def mask_password(url: str) -> str:
+    """``url`` with its password (in the user info or a ``password=`` parameter) as ***."""
+    parts = urlsplit(url.strip())
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, host = netloc.rsplit("@", 1)
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k == "password" for k, _ in query):
+        masked = urlencode([(k, "***" if k == "password" else v) for k, v in query], safe="*")
+        return urlunsplit(parts._replace(netloc=netloc, query=masked))
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
+    """Exponential backoff with full jitter, so that many producers do not retry in step."""
+    return random.uniform(0, min(cap, base * 2 ** min(attempt, 16))) + 0.05
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """``lua/<name>.lua`` behind ``lua/common.lua`` (the key layout and shared helpers)."""
+    lua = resources.files("celeriac.transports").joinpath("lua")
+    return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
+
+
+class Connector:
+    """The URLs of one broker or result store, the current one, and this process's
+    clients for it."""
+
+    def __init__(self, urls: Sequence[str], settings: Settings, role: str, *,
+                 read_timeout: float | None) -> None:
+        if settings.broker_failover_strategy not in FAILOVER_STRATEGIES:
+            raise ConfigurationError(
+                f"broker_failover_strategy must be one of {', '.join(FAILOVER_STRATEGIES)}; "
+                f"got {settings.broker_failover_strategy!r}")
+        self.endpoints = [parse_url(u) for u in urls if u.strip()]
+        if not self.endpoints:
+            raise ConfigurationError(f"no Redis URL for the {role}")
+        if settings.broker_failover_strategy == "shuffle":
+            random.shuffle(self.endpoints)
+        self.settings = settings
+        self.role = role
+        self.read_timeout = read_timeout
+        self.async_failures = 0
+        """Connection errors seen by async calls (a caller can tell that a reply was lost)."""
+        self._current = 0
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._client: tuple[int, redis.Redis, dict[str, Script]] | None = None
+        self._aclient: tuple[int, asyncio.AbstractEventLoop, aredis.Redis,
+                             dict[str, AsyncScript]] | None = None
+        self._stale: list[aredis.Redis] = []
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.endpoints[self._current]
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "socket_connect_timeout": self.settings.broker_connection_timeout,
+            "socket_keepalive": True,
+            "client_name": f"celeriac-{self.role.replace(' ', '-')}",
+        }
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():
+            # The parent's sockets belong to the parent: forget them, never close them.
+            self._client = self._aclient = None
+            self._stale = []
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+
+    # -- synchronous ----------------------------------------------------------------------
+    def _sync(self) -> tuple[redis.Redis, dict[str, Script]]:
+        self._check_pid()
+        current = self._client
+        if current is None or current[0] != self._current:
+            with self._lock:
+                current = self._client
+                if current is None or current[0] != self._current:
+                    client = redis.Redis.from_url(
+                        self.endpoint.url, socket_timeout=self.read_timeout,
+                        retry=Retry(NoBackoff(), 0), **self._options())
+                    current = self._client = (self._current, client, {})
+        return current[1], current[2]
+
+    def call(self, op: Callable[[redis.Redis, str], T]) -> T:
+        """``op(client, namespace)``, retried and failed over per the settings."""
+        rounds = 0
+        last: Exception | None = None
+        while True:
+            for _ in self.endpoints:
+                endpoint = self.endpoint
+                try:
+                    return op(self._sync()[0], endpoint.namespace)
+                except redis.AuthenticationError as exc:
+                    raise self._error(endpoint, exc) from exc  # retrying cannot help
+                except RETRYABLE as exc:
+                    last = exc
+                    self._fail_over(endpoint, exc)
+                except redis.RedisError as exc:
+                    raise self._error(endpoint, exc) from exc
+            assert last is not None
+            retries = self.settings.broker_connection_max_retries
+            if not self.settings.broker_connection_retry or (
+                    retries is not None and rounds >= retries):
+                raise self._unreachable(last, rounds + 1) from last
+            delay = backoff(rounds)
+            rounds += 1
+            logger.warning("cannot reach Redis (%s) at %s: %s; retry %d in %.2fs", self.role,
+                           self._names(), self._clean(last), rounds, delay)
+            time.sleep(delay)
+
+    def run(self, name: str, args: Sequence[Any]) -> Any:
+        """Script ``name`` with ARGV = [namespace, *args], through ``call``."""
+        def op(client: redis.Redis, namespace: str) -> Any:
+            scripts = self._sync()[1]
+            script = scripts.get(name)
+            if script is None:
+                script = scripts[name] = client.register_script(script_source(name))
+            return script(args=[namespace, *args], client=client)
+
+        return self.call(op)
+
+    def _fail_over(self, failed: Endpoint, exc: BaseException) -> None:
+        with self._lock:
+            if len(self.endpoints) > 1 and self.endpoint is failed:
+                self._current = (self._current + 1) % len(self.endpoints)
+                logger.warning("Redis (%s) at %s failed (%s); failing over to %s", self.role,
+                               failed.safe, self._clean(exc), self.endpoint.safe)
+
+    # -- asynchronous (the worker's event loop) -------------------------------------------
+    def _async(self) -> tuple[aredis.Redis, dict[str, AsyncScript]]:
+        self._check_pid()
+        loop = asyncio.get_running_loop()
+        current = self._aclient
+        if current is None or current[0] != self._current or current[1] is not loop:
+            if current is not None and current[1] is loop:
+                self._stale.append(current[2])  # closed by aclose(), once nothing uses it
+            # socket_timeout=None: BLPOP and pub/sub reads block for as long as they ask;
+            # a peer that vanished is found by TCP keepalive or by the caller's guard.
+            client = aredis.Redis.from_url(
+                self.endpoint.url, socket_timeout=None,
+                retry=AsyncRetry(NoBackoff(), 0), **self._options())
+            current = self._aclient = (self._current, loop, client, {})
+        return current[2], current[3]
+
+    def aclient(self) -> aredis.Redis:
+        return self._async()[0]
+
+    async def acall(self, op: Callable[[aredis.Redis, str], Awaitable[T]]) -> T:
+        """``op(client, namespace)``; on a connection error, reconnect (to the next URL, if
+        there are several) and try once more, then raise ``BrokerUnavailable``."""
+        for attempt in (1, 2):
+            endpoint = self.endpoint
+            try:
+                return await op(self._async()[0], endpoint.namespace)
+            except redis.AuthenticationError as exc:
+                raise self._error(endpoint, exc) from exc
+            except RETRYABLE as exc:
+                self.async_failures += 1
+                if attempt == 2:
+                    raise self._unreachable(exc, 2) from exc
+                logger.warning("Redis (%s) at %s: %s; reconnecting", self.role, endpoint.safe,
+                               self._clean(exc))
+                self._fail_over(endpoint, exc)
+            except redis.RedisError as exc:
+                raise self._error(endpoint, exc) from exc
+        raise AssertionError("unreachable")
+
+    async def arun(self, name: str, args: Sequence[Any]) -> Any:
+        """Script ``name`` with ARGV = [namespace, *args], through ``acall``."""
+        async def op(client: aredis.Redis, namespace: str) -> Any:
+            scripts = self._async()[1]
+            script = scripts.get(name)
+            if script is None:
+                script = scripts[name] = client.register_script(script_source(name))
+            return await script(args=[namespace, *args], client=client)
+
+        return await self.acall(op)
+
+    async def aclose(self) -> None:
+        """Close this loop's async connections."""
+        self._check_pid()
+        current, self._aclient = self._aclient, None
+        stale, self._stale = self._stale, []
+        clients = stale + ([current[2]] if current is not None else [])
+        for client in clients:
+            try:
+                await client.aclose()
+            except (redis.RedisError, OSError) as exc:
+                logger.debug("closing a Redis connection: %s", exc)
+
+    def close(self) -> None:
+        """Close this process's synchronous connections. Async ones belong to their event
+        loop (``aclose``); when it is gone, dropping them is all that is left to do."""
+        if self._pid != os.getpid():
+            self._check_pid()
+            return
+        with self._lock:
+            current, self._client = self._client, None
+        if current is not None:
+            current[1].close()
+        self._aclient, self._stale = None, []
+
+    # -- errors -------------------------------------------------------------------------
+    def _names(self) -> str:
+        return ", ".join(e.safe for e in self.endpoints)
+
+    def _clean(self, exc: BaseException) -> str:
+        text = str(exc) or type(exc).__name__
+        for endpoint in self.endpoints:
+            for secret in endpoint.secrets:
+                text = text.replace(secret, "***")
+        return text
+
+    def _unreachable(self, exc: BaseException, attempts: int) -> BrokerUnavailable:
+        return BrokerUnavailable(
+            f"cannot reach the Redis {self.role} at {self._names()} after {attempts} "
+            f"attempt(s): {self._clean(exc)}")
+
+    def _error(self, endpoint: Endpoint, exc: BaseException) -> OperationalError:
+        return OperationalError(
+            f"the Redis {self.role} at {endpoint.safe} failed: {type(exc).__name__}: "
+            f"{self._clean(exc)}")

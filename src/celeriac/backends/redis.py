@@ -1,0 +1,156 @@
+"""Results in Redis.
+
+Keys (``<ns>`` is the URL's ``?namespace=``, default ``celeriac``)::
+
+    <ns>:r:<task_id>   string  content type, a newline, the serialized result; SET with
+                               PX result_expires (no expiry when it is None)
+    <ns>:expiring      zset    task id -> expiry (unix s), only so that cleanup() can say
+                               how many results expired; Redis itself deletes the values
+    <ns>:changes       stream  one entry {t: task_id} per store, MAXLEN ~ FEED_LENGTH
+
+A store is one MULTI/EXEC round trip (value, expiry index, change entry), so a reader
+that sees the change entry sees the value. ``wait_for`` reads only the change entries
+past its cursor (a stream id packed into an int), and ``_wait`` blocks in Redis with
+XREAD BLOCK from the calling thread's last cursor: a store made between a reader's check
+and its sleep is already in the stream, so it wakes the sleeper at once. Nothing polls.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._redis import Connector
+from .base import ResultBackend
+
+if TYPE_CHECKING:
+    import redis
+
+    from ..settings import Settings
+
+FEED_LENGTH = 100_000
+"""Change entries kept; a waiter that falls further behind rescans what it waits for."""
+_PAGE = 10_000
+_MAX_BLOCK = 1.0
+"""Longest XREAD BLOCK (s); base.wait_for never asks for more."""
+
+
+class RedisBackend(ResultBackend):
+    scheme = "redis"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        # The socket timeout covers the longest block plus a slow network.
+        self.conn = Connector(url.split(";"), settings, "result backend",
+                              read_timeout=settings.broker_connection_timeout + _MAX_BLOCK)
+        self._local = threading.local()
+
+    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
+             ) -> None:
+        value = content_type.encode() + b"\n" + data
+
+        def store(client: redis.Redis, ns: str) -> None:
+            with client.pipeline(transaction=True) as pipe:
+                key = f"{ns}:r:{task_id}"
+                if expires_at is None:
+                    pipe.set(key, value)
+                    pipe.zrem(f"{ns}:expiring", task_id)
+                else:
+                    # Relative to now, so the client's and the server's clocks need not agree.
+                    pipe.set(key, value, px=max(1, math.ceil((expires_at - time.time()) * 1000)))
+                    pipe.zadd(f"{ns}:expiring", {task_id: expires_at})
+                pipe.xadd(f"{ns}:changes", {"t": task_id}, maxlen=FEED_LENGTH,
+                          approximate=True)
+                pipe.execute()
+
+        self.conn.call(store)
+
+    def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        if not task_ids:
+            return {}
+        values: list[bytes | None] = self.conn.call(
+            lambda client, ns: client.mget([f"{ns}:r:{t}" for t in task_ids]))
+        out: dict[str, tuple[str, bytes]] = {}
+        for tid, value in zip(task_ids, values, strict=True):
+            if value is not None:
+                content_type, _, data = value.partition(b"\n")
+                out[tid] = (content_type.decode(), data)
+        return out
+
+    # -- the change feed ------------------------------------------------------------------
+    def _cursor(self) -> int:
+        last: list[Any] = self.conn.call(
+            lambda client, ns: client.xrevrange(f"{ns}:changes", count=1))
+        stream_id = last[0][0].decode() if last else "0-0"
+        self._local.last = stream_id
+        return _pack(stream_id)
+
+    def _changes(self, cursor: int) -> tuple[int, list[str]] | None:
+        start = _unpack(cursor)
+        written: list[str] = []
+        while True:
+            def read(client: redis.Redis, ns: str, start: str = start) -> list[Any]:
+                feed = f"{ns}:changes"
+                pipe = client.pipeline(transaction=False)
+                pipe.xrange(feed, f"({start}", "+", count=_PAGE)
+                pipe.xlen(feed)
+                pipe.xrange(feed, "-", "+", count=1)
+                result: list[Any] = pipe.execute()
+                return result
+
+            entries, length, first = self.conn.call(read)
+            # Trimming keeps at least FEED_LENGTH entries; if it ate our cursor's entry,
+            # entries after it may be gone too: ask the caller to rescan instead.
+            if length >= FEED_LENGTH and first and _pack(first[0][0].decode()) > _pack(start):
+                return None
+            written += [fields[b"t"].decode() for _, fields in entries]
+            if entries:
+                start = entries[-1][0].decode()
+            if len(entries) < _PAGE:
+                break
+        self._local.last = start
+        return _pack(start), written
+
+    def _wait(self, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        last = getattr(self._local, "last", None)
+        if last is None:
+            self._cursor()
+            last = self._local.last
+        # XREAD's BLOCK 0 means forever: at least one millisecond.
+        block = max(1, int(min(timeout, _MAX_BLOCK) * 1000))
+        self.conn.call(
+            lambda client, ns: client.xread({f"{ns}:changes": last}, count=1, block=block))
+
+    # -- maintenance ----------------------------------------------------------------------
+    def forget(self, task_id: str) -> None:
+        def drop(client: redis.Redis, ns: str) -> None:
+            with client.pipeline(transaction=True) as pipe:
+                pipe.delete(f"{ns}:r:{task_id}")
+                pipe.zrem(f"{ns}:expiring", task_id)
+                pipe.execute()
+
+        self.conn.call(drop)
+
+    def cleanup(self) -> int:
+        # Redis has deleted the values already (PX); this forgets their index entries and
+        # counts them.
+        return int(self.conn.call(
+            lambda client, ns: client.zremrangebyscore(f"{ns}:expiring", "-inf", time.time())))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _pack(stream_id: str) -> int:
+    """A stream id ``ms-seq`` as one int that sorts the same way."""
+    ms, _, seq = stream_id.partition("-")
+    return (int(ms) << 64) | int(seq or 0)
+
+
+def _unpack(cursor: int) -> str:
+    return f"{cursor >> 64}-{cursor & ((1 << 64) - 1)}"

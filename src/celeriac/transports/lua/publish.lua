@@ -1,0 +1,24 @@
+-- publish: store messages and make them ready (or delayed), waking idle consumers.
+-- ARGV[2] count, then five per message: queue, score (9 - priority), delay in ms (0: ready
+-- now), envelope, body. Returns the count.
+
+local count = tonumber(ARGV[2])
+local first = redis.call('INCRBY', key('seq'), count) - count + 1
+local now = nil
+for i = 0, count - 1 do
+  local a = 3 + i * 5
+  local q, s, delay = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  local id = string.format('%016d', first + i)
+  redis.call('HSET', key('m', id), 'q', q, 's', s, 'n', 0, 'e', ARGV[a + 3], 'b', ARGV[a + 4])
+  if delay > 0 then
+    now = now or now_ms()
+    redis.call('ZADD', key('delayed'), now + delay, id)
+    redis.call('SADD', key('dq', q), id)
+  else
+    redis.call('ZADD', key('q', q), s, id)
+  end
+  -- A delayed message wakes sleepers too: one may have to wake earlier than it planned.
+  touched[q] = true
+end
+notify()
+return count

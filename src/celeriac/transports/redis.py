@@ -1,0 +1,295 @@
+"""The Redis broker: Lua scripts over redis-py (hiredis), sync for producers and
+administration, ``redis.asyncio`` for the worker.
+
+The key layout is in the header of ``lua/common.lua``, which heads every script. In short:
+a message is a hash; ready ids sit in one sorted set per queue (priority, then FIFO);
+delayed ids in one sorted set by due time, promoted by whichever fetch finds them due;
+fetched ids in the fetching consumer's ``owned`` set. Ownership is the lease: there is no
+visibility timeout, a consumer's heartbeat renews its entry in the ``consumers`` sorted
+set, and any heartbeat returns every message of each expired consumer in one pass.
+
+One round trip each: ``publish_many``, a ``fetch`` of up to ``limit`` messages across
+several queues, an ``ack`` of a batch, a ``heartbeat``. An idle fetch does not poll: the
+fetch script registers the consumer as idle on its queues, and the consumer BLPOPs its
+own wake list until the next delayed message is due; whatever makes a message ready in
+one of those queues pushes it a token. Broadcasts are Redis pub/sub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from .._redis import Connector
+from ..errors import DecodeError, OperationalError
+from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
+from .base import DeadLetter, Outgoing, Subscription, Transport
+
+if TYPE_CHECKING:
+    import redis.asyncio as aredis
+
+    from ..settings import Settings
+
+logger = logging.getLogger("celeriac.transports.redis")
+
+# How much longer than its own timeout a blocking call may take before we presume the
+# connection dead (the server answers a BLPOP timeout on time; this is for the network).
+_BLOCK_GUARD = 1.0
+_PURGE_BATCH = 1000
+
+
+class RedisTransport(Transport):
+    scheme = "redis"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        configured = [u.strip() for u in settings.broker_url.split(";") if u.strip()]
+        urls = configured if url.strip() in configured else [url]
+        self.conn = Connector(urls, settings, "broker",
+                              read_timeout=settings.broker_connection_timeout)
+        self._held: set[str] = set()
+        """Tags fetched and not yet settled: what this consumer knows it owns."""
+        self._unacked: set[str] = set()
+        """Acks that did not reach Redis; sent again with the next ack or heartbeat, so a
+        finished task is not run again when the connection comes back."""
+        self._suspect = False
+        """A fetch's reply may have been lost: Redis may hold messages for us we never saw."""
+
+    # -- producer -----------------------------------------------------------------------
+    def publish_many(self, items: Sequence[Outgoing]) -> None:
+        if not items:
+            return
+        for item in items:
+            self.check_size(item.message)
+        args: list[Any] = [len(items)]
+        for item in items:
+            m = item.message
+            args += [item.queue, 9 - min(max(m.priority, 0), 9), _delay_ms(item.delay),
+                     m.envelope(), m.body]
+        self.conn.run("publish", args)
+
+    # -- consumer -----------------------------------------------------------------------
+    def _me(self) -> str:
+        if self.consumer_id is None:
+            raise RuntimeError("RedisTransport: connect() before consuming")
+        return self.consumer_id
+
+    def _lease_ms(self) -> int:
+        return math.ceil(self.settings.worker_lease_timeout * 1000)
+
+    async def connect(self, consumer_id: str) -> None:
+        await super().connect(consumer_id)
+        self._held.clear()
+        self._unacked.clear()
+        self._suspect = False
+        await self.heartbeat()
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        me = self._me()
+        names = list(dict.fromkeys(queues))  # a queue named twice would be popped twice
+        if limit <= 0 or not names:
+            return []
+        if self._suspect:
+            await self._reconcile(me)
+        deadline = time.monotonic() + timeout
+        while True:
+            failures = self.conn.async_failures
+            try:
+                reply = await self.conn.arun(
+                    "fetch", [me, self._lease_ms(), limit, int(timeout > 0), *names])
+            finally:
+                if self.conn.async_failures != failures:
+                    self._suspect = True
+            wait_ms = int(reply[0])
+            deliveries = [
+                Delivery(_message(reply[i + 3], reply[i + 4]), reply[i + 1].decode(),
+                         reply[i].decode(), int(reply[i + 2]))
+                for i in range(1, len(reply), 5)
+            ]
+            if deliveries:
+                self._held.update(d.tag for d in deliveries)
+                return deliveries
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            if wait_ms == 0:
+                continue  # more delayed messages are due than one fetch promotes
+            wait = remaining if wait_ms < 0 else min(remaining, wait_ms / 1000)
+            await self._sleep(me, max(wait, 0.001))
+
+    async def _sleep(self, me: str, seconds: float) -> None:
+        """Until a token arrives on our wake list, or ``seconds`` pass."""
+        async def blpop(client: aredis.Redis, ns: str) -> Any:
+            # BLPOP's timeout of 0 means forever: callers pass at least a millisecond.
+            return await asyncio.wait_for(client.blpop([f"{ns}:wake:{me}"], seconds),
+                                          seconds + _BLOCK_GUARD)
+
+        await self.conn.acall(blpop)
+
+    async def _reconcile(self, me: str) -> None:
+        """After a lost fetch reply: give back what Redis says we own and we never saw.
+        Unnoticed, those messages would stay ours, undelivered, as long as we live."""
+        async def owned(client: aredis.Redis, ns: str) -> set[bytes]:
+            return set(await client.smembers(f"{ns}:owned:{me}"))  # type: ignore[misc]
+
+        lost = {m.decode() for m in await self.conn.acall(owned)} - self._held
+        if lost:
+            moved = await self.conn.arun("requeue", [me, 1, *sorted(lost)])
+            logger.warning("gave back %d message(s) fetched by a call whose reply was lost",
+                           moved)
+        self._suspect = False
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        tags = [d.tag for d in deliveries]
+        batch = list(dict.fromkeys([*tags, *self._unacked]))
+        if not batch:
+            return
+        try:
+            await self.conn.arun("ack", [self._me(), *batch])
+        except OperationalError:
+            self._unacked.update(tags)
+            raise
+        self._unacked.clear()
+        self._held.difference_update(batch)
+
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+        tags = [d.tag for d in deliveries]
+        if tags:
+            await self.conn.arun("requeue", [self._me(), int(not redelivered), *tags])
+            self._held.difference_update(tags)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        await self.conn.arun("dead_letter", [self._me(), delivery.tag, reason])
+        self._held.discard(delivery.tag)
+
+    async def heartbeat(self) -> int:
+        me = self._me()
+        if self._unacked:
+            try:
+                await self.ack([])
+            except OperationalError as exc:
+                logger.warning("%d ack(s) still waiting for the broker: %s",
+                               len(self._unacked), exc)
+        restored = int(await self.conn.arun("heartbeat", [me, self._lease_ms()]))
+        if restored:
+            logger.warning("returned %d message(s) of dead consumers to their queues",
+                           restored)
+        return restored
+
+    async def disconnect(self) -> None:
+        if self.consumer_id is not None:
+            if self._unacked:
+                await self.ack([])  # before the give-back, or finished tasks would run again
+            given_back = await self.conn.arun("disconnect", [self.consumer_id])
+            if given_back:
+                logger.info("gave back %d message(s) on disconnect", given_back)
+        self._held.clear()
+        await self.conn.aclose()
+
+    # -- administration -----------------------------------------------------------------
+    def ping(self) -> None:
+        self.conn.call(lambda client, ns: client.ping())
+
+    def queue_length(self, queue: str) -> int:
+        return int(self.conn.call(lambda client, ns: client.zcard(f"{ns}:q:{queue}")))
+
+    def purge(self, queue: str) -> int:
+        return int(self.conn.run("purge", [queue]))
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        if limit <= 0:
+            return []
+        r = self.conn.run("dead_letters", [limit])
+        return [
+            DeadLetter(int(r[i]), r[i + 1].decode(), r[i + 2].decode("utf-8", "replace"),
+                       _message(r[i + 5], r[i + 6]), int(r[i + 3]), float(r[i + 4]))
+            for i in range(0, len(r), 7)
+        ]
+
+    def requeue_dead(self, ids: Sequence[int | str]) -> int:
+        keys = _ids(ids)
+        return int(self.conn.run("requeue_dead", keys)) if keys else 0
+
+    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
+        if ids is not None:
+            keys = _ids(ids)
+            return int(self.conn.run("purge_dead", ["ids", *keys])) if keys else 0
+        total = 0
+        while True:  # in batches, so one call never holds Redis for long
+            n = int(self.conn.run("purge_dead", ["oldest", _PURGE_BATCH]))
+            total += n
+            if n < _PURGE_BATCH:
+                return total
+
+    # -- broadcast ----------------------------------------------------------------------
+    def broadcast(self, channel: str, payload: bytes) -> None:
+        self.conn.call(lambda client, ns: client.publish(f"{ns}:bc:{channel}", payload))
+
+    async def subscribe(self, channel: str) -> Subscription:
+        async def open_(client: aredis.Redis, ns: str) -> Subscription:
+            pubsub = client.pubsub(ignore_subscribe_messages=False)
+            try:
+                await pubsub.subscribe(f"{ns}:bc:{channel}")
+                # Only once Redis confirms is a broadcast sent from now on sure to reach us.
+                deadline = time.monotonic() + self.settings.broker_connection_timeout
+                while (remaining := deadline - time.monotonic()) > 0:
+                    msg = await pubsub.get_message(timeout=remaining)
+                    if msg is not None and msg["type"] == "subscribe":
+                        return _RedisSubscription(pubsub, self.conn.endpoint.safe)
+                raise TimeoutError("no confirmation of SUBSCRIBE")
+            except BaseException:
+                await pubsub.aclose()
+                raise
+
+        return await self.conn.acall(open_)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _RedisSubscription(Subscription):
+    def __init__(self, pubsub: aredis.client.PubSub, where: str) -> None:
+        self.pubsub = pubsub
+        self.where = where
+
+    async def get(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            try:
+                msg = await self.pubsub.get_message(ignore_subscribe_messages=True,
+                                                    timeout=remaining)
+            except (redis.RedisError, OSError) as exc:
+                raise OperationalError(f"subscription on {self.where} lost: {exc}") from exc
+            if msg is not None and msg["type"] == "message":
+                data: bytes = msg["data"]
+                return data
+            if remaining <= 0:
+                return None
+
+    async def close(self) -> None:
+        await self.pubsub.aclose()
+
+
+def _delay_ms(delay: float | None) -> int:
+    # Rounded up: a message is never due before its time.
+    return math.ceil(delay * 1000) if delay and delay > 0 else 0
+
+
+def _ids(ids: Iterable[int | str]) -> list[str]:
+    """Dead-letter ids (ints, or their digits) as the broker's zero-padded message ids."""
+    return [f"{int(i):016d}" for i in ids if isinstance(i, int) or str(i).isdigit()]
+
+
+def _message(envelope: bytes, body: bytes) -> Message:
+    try:
+        return Message.from_envelope(envelope, body)
+    except DecodeError as exc:
+        # Keep the bytes: the consumer dead-letters it with this reason.
+        return Message({DECODE_ERROR_HEADER: str(exc)}, body, "application/data")
