@@ -24,13 +24,14 @@ import functools
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
@@ -77,7 +78,8 @@ def parse_url(url: str) -> Endpoint:
     if not namespace:
         raise ConfigurationError(f"empty namespace in {mask_password(url)!r}")
     rest = urlencode([(k, v) for k, v in query if k != "namespace"])
-    secrets = tuple(s for s in (parts.password, dict(query).get("password")) if s)
+    raw = (parts.password, dict(query).get("password"))
+    secrets = tuple({t for s in raw if s for t in (s, unquote(s))})
     return Endpoint(urlunsplit(parts._replace(query=rest)), mask_password(url), namespace,
                     secrets)
 
@@ -141,10 +143,12 @@ class Connector:
         return self.endpoints[self._current]
 
     def _options(self) -> dict[str, Any]:
+        # The name makes CLIENT LIST show which namespace and role a connection serves.
+        name = f"celeriac-{self.role}:{self.endpoint.namespace}"
         return {
             "socket_connect_timeout": self.settings.broker_connection_timeout,
             "socket_keepalive": True,
-            "client_name": f"celeriac-{self.role.replace(' ', '-')}",
+            "client_name": re.sub(r"[^!-~]", "-", name),  # printable, no spaces
         }
 
     def _check_pid(self) -> None:
@@ -192,7 +196,7 @@ class Connector:
                 raise self._unreachable(last, rounds + 1) from last
             delay = backoff(rounds)
             rounds += 1
-            logger.warning("cannot reach Redis (%s) at %s: %s; retry %d in %.2fs", self.role,
+            logger.warning("cannot reach Redis (%s) at %s: %s (retry %d in %.2fs)", self.role,
                            self._names(), self._clean(last), rounds, delay)
             time.sleep(delay)
 

@@ -104,6 +104,26 @@ def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transp
     factory = TransportFactory(request.param, TRANSPORT_URLS[request.param](tmp_path))
     yield factory
     factory.close_all()
+    if request.param == "redis":
+        _drop_redis_namespace(factory.url)
+
+
+def _namespace(url: str) -> str:
+    query = url.partition("?")[2]
+    return dict(p.split("=", 1) for p in query.split("&") if "=" in p)["namespace"]
+
+
+def _drop_redis_namespace(url: str) -> None:
+    """Each contract test used its own key prefix: leave none of its keys behind."""
+    import redis
+
+    client = redis.Redis.from_url(url.partition("?")[0])
+    try:
+        keys = list(client.scan_iter(match=f"{_namespace(url)}:*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start:start + 500])
+    finally:
+        client.close()
 
 
 @pytest.fixture(params=sorted(BACKEND_URLS))
@@ -113,6 +133,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BackendF
     factory.close_all()
     if request.param == "postgres":
         _drop_postgres_table(factory.url)
+    elif request.param == "redis":
+        _drop_redis_namespace(factory.url)
 
 
 def _drop_postgres_table(url: str) -> None:
@@ -120,8 +142,6 @@ def _drop_postgres_table(url: str) -> None:
     import psycopg
     from psycopg import sql
 
-    base, _, query = url.partition("?")
-    namespace = dict(p.split("=", 1) for p in query.split("&") if "=" in p)["namespace"]
-    with psycopg.connect(base, autocommit=True) as conn:
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
-            sql.Identifier(f"{namespace}_results")))
+            sql.Identifier(f"{_namespace(url)}_results")))

@@ -17,11 +17,12 @@ and its sleep is already in the stream, so it wakes the sleeper at once. Nothing
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._redis import Connector
 from .base import ResultBackend
@@ -71,8 +72,12 @@ class RedisBackend(ResultBackend):
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         if not task_ids:
             return {}
-        values: list[bytes | None] = self.conn.call(
-            lambda client, ns: client.mget([f"{ns}:r:{t}" for t in task_ids]))
+
+        def read(client: redis.Redis, ns: str) -> list[bytes | None]:
+            # decode_responses is off: values are bytes (redis-py types them loosely).
+            return cast("list[bytes | None]", client.mget([f"{ns}:r:{t}" for t in task_ids]))
+
+        values = self.conn.call(read)
         out: dict[str, tuple[str, bytes]] = {}
         for tid, value in zip(task_ids, values, strict=True):
             if value is not None:
@@ -82,8 +87,10 @@ class RedisBackend(ResultBackend):
 
     # -- the change feed ------------------------------------------------------------------
     def _cursor(self) -> int:
-        last: list[Any] = self.conn.call(
-            lambda client, ns: client.xrevrange(f"{ns}:changes", count=1))
+        def read(client: redis.Redis, ns: str) -> list[Any]:
+            return cast("list[Any]", client.xrevrange(f"{ns}:changes", count=1))
+
+        last = self.conn.call(read)
         stream_id = last[0][0].decode() if last else "0-0"
         self._local.last = stream_id
         return _pack(stream_id)
@@ -92,19 +99,10 @@ class RedisBackend(ResultBackend):
         start = _unpack(cursor)
         written: list[str] = []
         while True:
-            def read(client: redis.Redis, ns: str, start: str = start) -> list[Any]:
-                feed = f"{ns}:changes"
-                pipe = client.pipeline(transaction=False)
-                pipe.xrange(feed, f"({start}", "+", count=_PAGE)
-                pipe.xlen(feed)
-                pipe.xrange(feed, "-", "+", count=1)
-                result: list[Any] = pipe.execute()
-                return result
-
-            entries, length, first = self.conn.call(read)
+            entries, length, first = self.conn.call(functools.partial(_read_feed, start=start))
             # Trimming keeps at least FEED_LENGTH entries; if it ate our cursor's entry,
             # entries after it may be gone too: ask the caller to rescan instead.
-            if length >= FEED_LENGTH and first and _pack(first[0][0].decode()) > _pack(start):
+            if length >= FEED_LENGTH and first and _pack(first[0][0].decode()) > cursor:
                 return None
             written += [fields[b"t"].decode() for _, fields in entries]
             if entries:
@@ -144,6 +142,16 @@ class RedisBackend(ResultBackend):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _read_feed(client: redis.Redis, ns: str, start: str) -> list[Any]:
+    """One page of entries after ``start``, the feed's length, and its first entry."""
+    feed = f"{ns}:changes"
+    pipe = client.pipeline(transaction=False)
+    pipe.xrange(feed, f"({start}", "+", count=_PAGE)
+    pipe.xlen(feed)
+    pipe.xrange(feed, "-", "+", count=1)
+    return pipe.execute()
 
 
 def _pack(stream_id: str) -> int:

@@ -13,6 +13,9 @@ several queues, an ``ack`` of a batch, a ``heartbeat``. An idle fetch does not p
 fetch script registers the consumer as idle on its queues, and the consumer BLPOPs its
 own wake list until the next delayed message is due; whatever makes a message ready in
 one of those queues pushes it a token. Broadcasts are Redis pub/sub.
+
+Needs Redis 6.2 or later (ZPOPMIN with a count, fractional BLPOP timeouts, exclusive
+XRANGE for the result backend).
 """
 
 from __future__ import annotations
@@ -84,11 +87,15 @@ class RedisTransport(Transport):
         return math.ceil(self.settings.worker_lease_timeout * 1000)
 
     async def connect(self, consumer_id: str) -> None:
+        if consumer_id != self.consumer_id:
+            self._held.clear()
+            self._unacked.clear()
         await super().connect(consumer_id)
-        self._held.clear()
-        self._unacked.clear()
-        self._suspect = False
         await self.heartbeat()
+        # Messages owned under this id that we do not hold belong to an earlier consumer
+        # of the same id that died; as ours they would never be released: they go back,
+        # counted, as if its lease had run out.
+        await self._reconcile(consumer_id, counted=True)
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         me = self._me()
@@ -96,7 +103,7 @@ class RedisTransport(Transport):
         if limit <= 0 or not names:
             return []
         if self._suspect:
-            await self._reconcile(me)
+            await self._reconcile(me, counted=False)
         deadline = time.monotonic() + timeout
         while True:
             failures = self.conn.async_failures
@@ -121,7 +128,9 @@ class RedisTransport(Transport):
             if wait_ms == 0:
                 continue  # more delayed messages are due than one fetch promotes
             wait = remaining if wait_ms < 0 else min(remaining, wait_ms / 1000)
-            await self._sleep(me, max(wait, 0.001))
+            # Whole milliseconds, rounded up: Redis truncates, and a wait that ended a
+            # hair early would cost another round of fetch and BLPOP.
+            await self._sleep(me, max(math.ceil(wait * 1000), 1) / 1000)
 
     async def _sleep(self, me: str, seconds: float) -> None:
         """Until a token arrives on our wake list, or ``seconds`` pass."""
@@ -132,17 +141,20 @@ class RedisTransport(Transport):
 
         await self.conn.acall(blpop)
 
-    async def _reconcile(self, me: str) -> None:
-        """After a lost fetch reply: give back what Redis says we own and we never saw.
-        Unnoticed, those messages would stay ours, undelivered, as long as we live."""
-        async def owned(client: aredis.Redis, ns: str) -> set[bytes]:
-            return set(await client.smembers(f"{ns}:owned:{me}"))  # type: ignore[misc]
+    async def _reconcile(self, me: str, *, counted: bool) -> None:
+        """Give back what Redis says we own and we never saw (a fetch whose reply was
+        lost: uncounted). Unnoticed, those messages would stay ours, undelivered, for as
+        long as we live."""
+        async def owned(client: aredis.Redis, ns: str) -> set[str]:
+            members = await client.smembers(f"{ns}:owned:{me}")
+            return {m.decode() if isinstance(m, bytes) else m for m in members}
 
-        lost = {m.decode() for m in await self.conn.acall(owned)} - self._held
+        # The requeue script skips any id we settled meanwhile (it checks ownership).
+        lost = await self.conn.acall(owned) - self._held
         if lost:
-            moved = await self.conn.arun("requeue", [me, 1, *sorted(lost)])
-            logger.warning("gave back %d message(s) fetched by a call whose reply was lost",
-                           moved)
+            moved = await self.conn.arun("requeue", [me, int(not counted), *sorted(lost)])
+            logger.warning("gave back %d message(s) owned by consumer %r that it never "
+                           "received", moved, me)
         self._suspect = False
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
@@ -161,12 +173,21 @@ class RedisTransport(Transport):
     async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
         tags = [d.tag for d in deliveries]
         if tags:
-            await self.conn.arun("requeue", [self._me(), int(not redelivered), *tags])
-            self._held.difference_update(tags)
+            await self._settle(tags, "requeue", [self._me(), int(not redelivered), *tags])
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        await self.conn.arun("dead_letter", [self._me(), delivery.tag, reason])
-        self._held.discard(delivery.tag)
+        await self._settle([delivery.tag], "dead_letter", [self._me(), delivery.tag, reason])
+
+    async def _settle(self, tags: list[str], script: str, args: list[Any]) -> None:
+        try:
+            await self.conn.arun(script, args)
+        except OperationalError:
+            # The caller has let go of these messages; if Redis still has them as ours,
+            # the next fetch gives them back rather than keeping them while we live.
+            self._suspect = True
+            raise
+        finally:
+            self._held.difference_update(tags)
 
     async def heartbeat(self) -> int:
         me = self._me()
@@ -183,14 +204,17 @@ class RedisTransport(Transport):
         return restored
 
     async def disconnect(self) -> None:
-        if self.consumer_id is not None:
-            if self._unacked:
-                await self.ack([])  # before the give-back, or finished tasks would run again
-            given_back = await self.conn.arun("disconnect", [self.consumer_id])
-            if given_back:
-                logger.info("gave back %d message(s) on disconnect", given_back)
-        self._held.clear()
-        await self.conn.aclose()
+        try:
+            if self.consumer_id is not None:
+                if self._unacked:
+                    # Before the give-back, or tasks that finished would run again.
+                    await self.ack([])
+                given_back = await self.conn.arun("disconnect", [self.consumer_id])
+                if given_back:
+                    logger.info("gave back %d message(s) on disconnect", given_back)
+        finally:
+            self._held.clear()
+            await self.conn.aclose()
 
     # -- administration -----------------------------------------------------------------
     def ping(self) -> None:
@@ -244,7 +268,7 @@ class RedisTransport(Transport):
                         return _RedisSubscription(pubsub, self.conn.endpoint.safe)
                 raise TimeoutError("no confirmation of SUBSCRIBE")
             except BaseException:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
                 raise
 
         return await self.conn.acall(open_)
@@ -274,7 +298,7 @@ class _RedisSubscription(Subscription):
                 return None
 
     async def close(self) -> None:
-        await self.pubsub.aclose()
+        await self.pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 def _delay_ms(delay: float | None) -> int:

@@ -26,6 +26,8 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0
 end
 notify()
 
+-- A consumer that fetches is alive. This also re-registers one that was presumed dead
+-- and came back: what it takes now is protected by its heartbeats again.
 redis.call('ZADD', key('consumers'), now + lease, me)
 -- Tokens pushed before this look are answered by it.
 redis.call('DEL', key('wake', me))
