@@ -33,16 +33,25 @@ def _urls(broker: str) -> tuple[str, str]:
 
 
 @pytest.fixture
-def use(env: dict[str, str], app: Celeriac) -> Callable[[str, str], dict[str, str]]:
-    """Point the test's app and its workers at a broker URL and a result backend URL."""
+def use(env: dict[str, str], app: Celeriac) -> Iterator[Callable[..., dict[str, str]]]:
+    """Point the test's app and its workers at a broker URL and a result backend URL;
+    afterwards, delete what the test left in the shared Redis."""
+    used: list[str] = []
 
     def point(broker_url: str, backend_url: str, **extra: str) -> dict[str, str]:
         env.update(CELERIAC_BROKER_URL=broker_url, CELERIAC_RESULT_BACKEND=backend_url, **extra)
+        used.extend([broker_url, backend_url])
         app.close()
         app.settings = Settings.from_env(env)
         return env
 
-    return point
+    yield point
+    app.close()
+    from tests.contracts.conftest import _drop_redis_namespace
+
+    for url in used:
+        if url.startswith("redis://127.0.0.1:6379/") and "namespace=" in url:
+            _drop_redis_namespace(url)
 
 
 @pytest.mark.parametrize("broker", ["redis", "amqp"])
