@@ -22,6 +22,7 @@ import abc
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -128,6 +129,13 @@ class System(abc.ABC):
     def close(self) -> None:
         """Release what outlives one run (a peer's driver); bounded, idempotent."""
 
+    def diagnostics(self) -> str:
+        """The end of the worker's (and driver's) log, for a failed run's report."""
+        worker = getattr(self, "worker", None)
+        if isinstance(worker, WorkerProcess):
+            return f"worker log:\n{log_tail(worker.log_path)}"
+        return ""
+
 
 class CeleriacSystem(System):
     """What the celeriac systems share: the app, ``delay``, ``delay_many``, results."""
@@ -210,10 +218,18 @@ class CeleriacProcess(CeleriacSystem):
         return self.worker.start(deadline)
 
     def wait_results(self, timeout: float) -> int:
-        succeeded = super().wait_results(timeout)
-        if succeeded < len(self.ids) and self.worker is not None:
-            self.worker.check_alive("mid-drain")
-        return succeeded
+        # In slices, to notice a worker that died instead of waiting out the deadline.
+        deadline = time.monotonic() + timeout
+        pending, succeeded = list(self.ids), 0
+        while True:
+            done = self.app.backend.wait_for(
+                pending, min(CELERIAC_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
+            succeeded += sum(1 for meta in done.values() if meta.state == "SUCCESS")
+            pending = [i for i in pending if i not in done]
+            if not pending or time.monotonic() >= deadline:
+                return succeeded
+            if self.worker is not None:
+                self.worker.check_alive("mid-drain")
 
     def stop_worker(self) -> None:
         worker, self.worker = self.worker, None
@@ -306,6 +322,8 @@ class Peer:
     key: str
     """``--systems`` name; also the virtualenv's name, ``bench/.venv-<key>``."""
     label: str
+    name: str
+    """Row label."""
     requirements: tuple[str, ...]
     driver: str
     """Script in ``bench/peers`` speaking ``peerlib``'s protocol."""
@@ -320,7 +338,8 @@ class Peer:
 
 PEERS: dict[str, Peer] = {
     "celery": Peer(
-        key="celery", label="Celery", requirements=("celery[redis]>=5.3,<6",),
+        key="celery", label="Celery", name="celery redis prefork x2",
+        requirements=("celery[redis]>=5.3,<6",),
         driver="celery_driver.py",
         worker=("celery", "-A", "celery_app", "worker", "--pool", "prefork", "-c", "2",
                 "-l", "warning"),
@@ -333,12 +352,13 @@ PEERS: dict[str, Peer] = {
         detail="Redis broker + Redis result backend, db 14, Celery's default settings",
     ),
     "dramatiq": Peer(
-        key="dramatiq", label="Dramatiq", requirements=("dramatiq[redis]>=1.15,<3",),
-        driver="dramatiq_driver.py", worker=("dramatiq", "dramatiq_app", "-p", "2", "-t", "1"),
+        key="dramatiq", label="Dramatiq", name="dramatiq redis 2 procs",
+        requirements=("dramatiq[redis]>=1.15,<3",),
+        driver="dramatiq_driver.py", worker=("dramatiq", "dramatiq_app", "-p", "2"),
         redis_db=13, ready_lines=2,
         bulk_methods={"group": "dramatiq.group(noop.message() for _ in range(n)).run()"},
-        detail="Redis broker + Results middleware on Redis, db 13, Dramatiq's defaults; "
-               "2 processes x 1 thread",
+        detail="Redis broker + Results middleware on Redis, db 13, Dramatiq's defaults: "
+               "2 processes x 8 worker threads (with -t 1 it drains about 1/7 as fast)",
     ),
 }
 
@@ -439,7 +459,7 @@ class PeerSystem(System):
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
         self.key = peer.key
-        self.name = f"{peer.key} redis prefork x2"
+        self.name = peer.name
         self.detail = f"{peer.detail}; worker: `{' '.join(peer.worker)}` subprocess"
         self.bulk_methods = peer.bulk_methods
         self.venv = PeerVenv(peer)
@@ -447,7 +467,6 @@ class PeerSystem(System):
         self.driver: PeerDriver | None = None
         self.worker: WorkerProcess | None = None
         self.timeout = 60.0
-        self.n = 0
         self.versions: dict[str, str] = {}
 
     def env(self) -> dict[str, str]:
@@ -489,10 +508,14 @@ class PeerSystem(System):
 
     def wait_results(self, timeout: float) -> int:
         assert self.driver is not None
-        succeeded = int(self.driver.call("wait", timeout + 5, timeout=timeout)["succeeded"])
-        if self.worker is not None and succeeded < self.n:
-            self.worker.check_alive("mid-drain")
-        return succeeded
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.driver.call("wait", WAIT_SLICE + 30,
+                                     timeout=min(WAIT_SLICE, max(deadline - time.monotonic(), 0)))
+            if reply["done"] or time.monotonic() >= deadline:
+                return int(reply["succeeded"])
+            if self.worker is not None:
+                self.worker.check_alive("mid-drain")
 
     def latency(self, count: int, warmup: int, timeout: float) -> list[float]:
         assert self.driver is not None
@@ -509,10 +532,24 @@ class PeerSystem(System):
         with contextlib.suppress(Exception):
             flush_redis_db(self.peer.redis_db)
 
+    def diagnostics(self) -> str:
+        if self.driver is None:
+            return super().diagnostics()
+        try:
+            state = self.driver.call("diag", 10)
+            state.pop("ok", None)
+        except Exception as exc:
+            state = {"error": str(exc)}
+        return (f"broker state {state}; {super().diagnostics()}\n"
+                f"driver log:\n{log_tail(self.driver.log_path)}")
+
     def close(self) -> None:
         driver, self.driver = self.driver, None
         if driver is not None:
             driver.close()
+            # An interrupted driver may have written after teardown's flush.
+            with contextlib.suppress(Exception):
+                flush_redis_db(self.peer.redis_db)
 
 
 SYSTEMS: dict[str, Callable[[], System]] = {
@@ -523,13 +560,19 @@ SYSTEMS: dict[str, Callable[[], System]] = {
     "memory": CeleriacMemory,
     "memory-prefork": lambda: CeleriacMemory("prefork", 2),
 }
-REDIS_SYSTEMS = {"redis", *PEERS}
-"""The systems of the Redis comparison (and its ratio table)."""
 
 
 # -- processes, files and databases this bench leaves nothing of -----------------------------
 
 STOP_TIMEOUT = 15.0
+INTERRUPTED_STOP_TIMEOUT = 3.0
+"""After Ctrl-C, a worker gets this long to stop before it is killed (a worker in the
+middle of a drain may take longer than that to stop warmly: Celery does)."""
+_interrupted = False
+WAIT_SLICE = 1.0
+"""Seconds a peer's driver waits for results before the bench checks on the worker."""
+CELERIAC_WAIT_SLICE = 2.0
+"""The same for celeriac's ``wait_for`` (which rereads what is pending when restarted)."""
 SETUP_TIMEOUT = 600.0
 _LIVE: set[subprocess.Popen[bytes]] = set()
 console = Console()
@@ -612,7 +655,10 @@ class WorkerProcess:
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM (warm shutdown), then SIGKILL to its process group after ``timeout``."""
+    """SIGTERM (warm shutdown), then SIGKILL to its process group after ``timeout``
+    (``INTERRUPTED_STOP_TIMEOUT`` once the bench was interrupted)."""
+    if _interrupted:
+        timeout = min(timeout, INTERRUPTED_STOP_TIMEOUT)
     try:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -675,7 +721,8 @@ def flush_redis_db(db: int) -> None:
     assert db in {CELERIAC_REDIS_DB, *(p.redis_db for p in PEERS.values())}
     import redis
 
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db, socket_timeout=10)
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db, socket_timeout=10,
+                         socket_connect_timeout=5)
     try:
         client.flushdb()
     finally:
@@ -691,17 +738,55 @@ def remove_doorbells(db_path: Path) -> None:
     shutil.rmtree(Doorbell(str(db_path), "messages").dir.parent, ignore_errors=True)
 
 
+LOCK_PATH = Path(tempfile.gettempdir()) / "celeriac-bench.lock"
+
+
+@contextlib.contextmanager
+def machine_lock(timeout: float) -> Iterator[None]:
+    """One bench at a time on this machine: two would empty each other's Redis databases
+    mid-run and share the CPUs. Waits up to ``timeout`` seconds for another to finish."""
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    console.print(f"[yellow]another bench run (pid {holder}) is measuring on "
+                                  f"this machine; waiting up to {timeout:.0f}s for it[/]")
+                    told = True
+                if time.monotonic() >= deadline:
+                    raise BenchError(f"another bench run still holds {LOCK_PATH}") from None
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every ``finally`` (worker cleanup) runs."""
+    """Ctrl-C and SIGTERM unwind as KeyboardInterrupt, so every ``finally`` (worker
+    cleanup) runs, and quickly."""
     def raise_interrupt(signum: int, frame: Any) -> None:
+        global _interrupted
+        if _interrupted:
+            return  # a second Ctrl-C must not cut the (bounded) cleanup short
+        _interrupted = True
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous = {sig: signal.signal(sig, raise_interrupt)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stop_all()
 
 
@@ -763,7 +848,7 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
         finished = time.time()
         if succeeded < n:
             raise BenchError(f"{n - succeeded} of {n} results missing or not SUCCESS after "
-                             f"{timeout:.0f}s")
+                             f"{timeout:.0f}s; {system.diagnostics()}")
         p50 = p99 = None
         if opts.latency:
             try:
@@ -784,7 +869,7 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
 def bench(system: System, opts: argparse.Namespace, root: Path) -> Outcome:
     outcome = Outcome(system)
     if isinstance(system, PeerSystem):
-        system.timeout, system.n = opts.timeout, opts.n
+        system.timeout = opts.timeout
     try:
         for i in range(1, opts.runs + 1):
             workdir = root / f"{system.name.replace(' ', '-')}-{i}"
@@ -868,8 +953,10 @@ def details(outcomes: list[Outcome], opts: argparse.Namespace) -> None:
                 console.print(f"[dim]    bulk {method}: {shown} = "
                               f"{how.replace('{batch}', str(opts.batch))}[/]")
 
-TARGETS = {  # metric -> (celeriac/Celery at least, or an absolute ceiling in seconds)
+TARGETS: dict[str, tuple[str, float]] = {
+    # metric -> ("ratio", celeriac / Celery at least) or ("ceiling", seconds)
     "enqueue": ("ratio", 5.0),
+    "bulk_vs_delay": ("ratio", 20.0),
     "bulk": ("ratio", 20.0),
     "drain": ("ratio", 10.0),
     "p50": ("ceiling", 0.001),
@@ -885,12 +972,18 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
     peers = [by_key[k] for k in PEERS if k in by_key]
     if ours is None or not peers:
         return None
-    metrics: list[tuple[str, str, Callable[[Run], float | None], str]] = [
-        ("enqueue", "enqueue delay() tasks/s", lambda r: r.enqueue, ",.0f"),
-        ("bulk", "enqueue bulk (best) tasks/s", lambda r: r.best_bulk, ",.0f"),
-        ("drain", "drain tasks/s", lambda r: r.drain, ",.0f"),
-        ("p50", "round trip p50 ms", lambda r: ms(r.p50), ".2f"),
-        ("p99", "round trip p99 ms", lambda r: ms(r.p99), ".2f"),
+    # (target key, label, celeriac's metric, the peer's metric, format)
+    Metric = Callable[[Run], float | None]
+    rows: list[tuple[str, str, Metric, Metric, str]] = [
+        ("enqueue", "enqueue delay() tasks/s", lambda r: r.enqueue, lambda r: r.enqueue,
+         ",.0f"),
+        ("bulk_vs_delay", "enqueue: celeriac bulk vs peer delay()", lambda r: r.best_bulk,
+         lambda r: r.enqueue, ",.0f"),
+        ("bulk", "enqueue: bulk vs bulk (best)", lambda r: r.best_bulk,
+         lambda r: r.best_bulk, ",.0f"),
+        ("drain", "drain tasks/s", lambda r: r.drain, lambda r: r.drain, ",.0f"),
+        ("p50", "round trip p50 ms", lambda r: ms(r.p50), lambda r: ms(r.p50), ".2f"),
+        ("p99", "round trip p99 ms", lambda r: ms(r.p99), lambda r: ms(r.p99), ".2f"),
     ]
     table = Table(title="celeriac on Redis against its peers (medians; ratio = celeriac / "
                         "peer; for round trips lower is better)")
@@ -903,18 +996,18 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
     table.add_column("target", justify="right")
     table.add_column("met?")
     celery = by_key.get("celery")
-    for key, label, metric, fmt in metrics:
+    for key, label, metric, peer_metric, fmt in rows:
         mine = ours.median(metric)
         row = [label, "-" if mine is None else format(mine, fmt)]
         for p in peers:
-            theirs = p.median(metric)
+            theirs = p.median(peer_metric)
             row.append("-" if theirs is None else format(theirs, fmt))
             row.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
         verdict, target = "", ""
         kind, bound = TARGETS.get(key, ("", 0.0))
         if kind == "ratio":
             target = f">= {bound:g}x Celery"
-            theirs = celery.median(metric) if celery else None
+            theirs = celery.median(peer_metric) if celery else None
             if mine and theirs:
                 verdict = "[green]yes[/]" if mine / theirs >= bound else "[red]no[/]"
         elif kind == "ceiling":
@@ -953,6 +1046,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the prefork pool overhead measurement")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="deadline in seconds for each wait (default 60)")
+    parser.add_argument("--lock-timeout", type=float, default=600.0,
+                        help="how long to wait for another bench run on this machine to "
+                             "finish (default 600)")
     opts = parser.parse_args(argv)
     # The in-process worker's expected lines ("warm shutdown: ...") are not news.
     logging.getLogger("celeriac").setLevel(logging.ERROR)
@@ -972,11 +1068,17 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     with terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix="celeriac-bench-") as tmp:
         try:
-            for name in names:
-                outcomes.append(bench(SYSTEMS[name](), opts, Path(tmp)))
+            with machine_lock(opts.lock_timeout):
+                for name in names:
+                    outcomes.append(bench(SYSTEMS[name](), opts, Path(tmp)))
+                overhead = pool_overhead.measure(runs=min(opts.runs, 3)) \
+                    if opts.pool_overhead else None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; workers and drivers stopped[/]")
             return 130
+        except BenchError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 1
     console.print(report(outcomes, opts))
     details(outcomes, opts)
     ratios = ratio_table(outcomes)
@@ -993,8 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"in this run: {mine['enqueue'] or 0:,.0f}, {mine['drain'] or 0:,.0f}, "
                 f"{(mine['p50'] or 0) * 1e3:.2f} ms. Targets are judged against this run.[/]")
     pool_ratios(outcomes)
-    if opts.pool_overhead:
-        overhead = pool_overhead.measure(runs=min(opts.runs, 3))
+    if overhead is not None:
         console.print(
             f"prefork pool overhead per task: {overhead['pool_us']:.1f} us; raw pipe round "
             f"trip between two Python processes: {overhead['raw_us']:.1f} us; ratio "

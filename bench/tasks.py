@@ -66,10 +66,14 @@ def _announcer(fd: int) -> Callable[[float], None]:
 def _watch_parent(pid: int) -> None:
     while True:
         time.sleep(0.5)
-        if os.getppid() != pid:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
             os.kill(os.getpid(), signal.SIGTERM)  # warm shutdown
             time.sleep(15)
             os._exit(3)
+        except PermissionError:
+            pass
 
 
 app, noop = make_app()

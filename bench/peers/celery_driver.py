@@ -27,6 +27,7 @@ class Driver:
         self.app: Any = None
         self.noop: Any = None
         self.ids: list[str] = []
+        self.poller: peerlib.ResultPoller | None = None
 
     def _close(self) -> None:
         if self.app is not None:
@@ -36,7 +37,7 @@ class Driver:
     def reset(self) -> None:
         self._close()
         self.redis.flushdb()  # database 14: the bench's own
-        self.ids = []
+        self.ids, self.poller = [], None
         self.app, self.noop = celery_app.make_app()
         # Connect the producer and the result consumer, declare the queue: outside the
         # timed parts, as the celeriac systems open their connections first.
@@ -49,6 +50,7 @@ class Driver:
     def enqueue(self, n: int) -> None:
         delay = self.noop.delay
         self.ids = [delay().id for _ in range(n)]
+        self.poller = None
 
     def bulk(self, n: int, batch: int, method: str) -> dict[str, Any]:
         if method == "group":
@@ -64,10 +66,18 @@ class Driver:
         return {"method": f"with producer.batch({batch}): noop.apply_async(producer=...)"}
 
     def wait(self, timeout: float) -> dict[str, Any]:
-        keys = [RESULT_PREFIX + i for i in self.ids]
-        ok = peerlib.poll_results(self.redis.mget, keys,
-                                  lambda v: json.loads(v).get("status") == "SUCCESS", timeout)
-        return {"succeeded": ok}
+        if self.poller is None:  # made here, so that enqueue times only the sending
+            self.poller = peerlib.ResultPoller(
+                self.redis.mget, [RESULT_PREFIX + i for i in self.ids],
+                lambda v: json.loads(v).get("status") == "SUCCESS")
+        return self.poller.wait(timeout)
+
+    def diag(self) -> dict[str, Any]:
+        """Where the missing tasks are, for a failed run's report."""
+        r = self.redis
+        return {"queue": r.llen("celery"), "unacked": r.hlen("unacked"),
+                "pending": len(self.poller.pending) if self.poller else None,
+                "keys": r.dbsize()}
 
     def latency(self, count: int, warmup: int, timeout: float) -> dict[str, Any]:
         # A fresh app: its result consumer has no backlog from the drained tasks.
@@ -95,7 +105,7 @@ def main() -> None:
     try:
         peerlib.serve({"reset": driver.reset, "enqueue": driver.enqueue, "bulk": driver.bulk,
                        "purge": driver.purge, "wait": driver.wait, "latency": driver.latency,
-                       "versions": driver.versions})
+                       "diag": driver.diag, "versions": driver.versions})
     finally:
         driver.quit()
 

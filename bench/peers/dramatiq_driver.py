@@ -21,10 +21,11 @@ class Driver:
     def __init__(self) -> None:
         self.redis = redis.Redis.from_url(dramatiq_app.URL)
         self.messages: list[Any] = []
+        self.poller: peerlib.ResultPoller | None = None
 
     def reset(self) -> None:
         self.redis.flushdb()  # database 13: the bench's own
-        self.messages = []
+        self.messages, self.poller = [], None
         # Connect and load the broker's scripts outside the timed parts.
         dramatiq_app.noop.send()
         self.purge()
@@ -35,6 +36,7 @@ class Driver:
     def enqueue(self, n: int) -> None:
         send = dramatiq_app.noop.send
         self.messages = [send() for _ in range(n)]
+        self.poller = None
 
     def bulk(self, n: int, batch: int, method: str) -> dict[str, Any]:
         message = dramatiq_app.noop.message
@@ -42,23 +44,31 @@ class Driver:
         return {"method": "dramatiq.group(noop.message() for _ in range(n)).run()"}
 
     def wait(self, timeout: float) -> dict[str, Any]:
-        backend = dramatiq_app.backend
+        if self.poller is None:  # made here, so that enqueue times only the sending
+            backend = dramatiq_app.backend
 
-        def fetch(keys: list[str]) -> list[Any]:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.lindex(key, 0)
-                return list(pipe.execute())
+            def fetch(keys: list[str]) -> list[Any]:
+                with self.redis.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.lindex(key, 0)
+                    return list(pipe.execute())
 
-        def succeeded(data: bytes) -> bool:
-            try:
-                backend.unwrap_result(backend.encoder.decode(data))
-            except Exception:
-                return False
-            return True
+            def succeeded(data: bytes) -> bool:
+                try:
+                    backend.unwrap_result(backend.encoder.decode(data))
+                except Exception:
+                    return False
+                return True
 
-        keys = [backend.build_message_key(m) for m in self.messages]
-        return {"succeeded": peerlib.poll_results(fetch, keys, succeeded, timeout)}
+            keys = [backend.build_message_key(m) for m in self.messages]
+            self.poller = peerlib.ResultPoller(fetch, keys, succeeded)
+        return self.poller.wait(timeout)
+
+    def diag(self) -> dict[str, Any]:
+        """Where the missing tasks are, for a failed run's report."""
+        r = self.redis
+        return {"queue": r.llen("dramatiq:default"), "keys": r.dbsize(),
+                "pending": len(self.poller.pending) if self.poller else None}
 
     def latency(self, count: int, warmup: int, timeout: float) -> dict[str, Any]:
         send = dramatiq_app.noop.send
@@ -78,7 +88,7 @@ def main() -> None:
     driver = Driver()
     peerlib.serve({"reset": driver.reset, "enqueue": driver.enqueue, "bulk": driver.bulk,
                    "purge": driver.purge, "wait": driver.wait, "latency": driver.latency,
-                   "versions": driver.versions})
+                   "diag": driver.diag, "versions": driver.versions})
 
 
 if __name__ == "__main__":

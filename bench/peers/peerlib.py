@@ -12,7 +12,9 @@ object a line. It sends ``{"cmd": NAME, ...arguments}``; the driver answers with
   ``{"method": "..."}``, or ``{"skipped": "why"}`` when the peer has none.
 - ``purge``: delete every waiting message (after ``bulk``).
 - ``wait {"timeout"}``: block until every task of the last ``enqueue`` has a stored
-  result or ``timeout`` passes; answers ``{"succeeded": k}``.
+  result or ``timeout`` passes; answers ``{"done": bool, "found": k, "succeeded": k}``.
+  The bench calls it in slices of a second, checking on the worker in between; each call
+  goes on from where the last one stopped.
 - ``latency {"count", "warmup", "timeout"}``: ``count`` sequential calls, each one
   ``delay()`` and a wait for its result, with a fresh client; answers
   ``{"samples": [seconds, ...]}``.
@@ -62,10 +64,14 @@ def watch_parent() -> None:
     def watch(pid: int) -> None:
         while True:
             time.sleep(0.5)
-            if os.getppid() != pid:
+            try:
+                os.kill(pid, 0)  # works from any descendant, unlike getppid()
+            except ProcessLookupError:
                 os.kill(os.getpid(), signal.SIGTERM)  # warm shutdown
                 time.sleep(15)
                 os._exit(3)
+            except PermissionError:
+                pass
 
     threading.Thread(target=watch, args=(int(parent),), daemon=True,
                      name="bench-parent-watch").start()
@@ -102,30 +108,37 @@ def serve(handlers: dict[str, Callable[..., dict[str, Any] | None]]) -> None:
         out.flush()
 
 
-def poll_results(fetch: Callable[[list[Any]], list[Any]], keys: list[Any],
-                 succeeded: Callable[[Any], bool], timeout: float, window: int = 500,
-                 pause: float = 0.005) -> int:
-    """Wait until ``fetch`` finds every key in ``keys`` (or ``timeout``); return how many
-    of the values found ``succeeded``.
+class ResultPoller:
+    """Waits, in slices, until ``fetch`` finds a result for every key in ``keys``.
 
     ``fetch(some_keys)`` returns one value per key, None where there is no result yet
     (one Redis round trip: an MGET, or a pipeline). Keys are checked in the order given
     (the order the tasks were sent), ``window`` at a time: a worker finishes tasks
     roughly in that order, so each poll costs about one read per new result plus one
     window of misses, and the last result is seen within ``pause`` seconds of being
-    stored.
+    stored. ``succeeded(value)`` says whether a found result is a success.
     """
-    pending = list(keys)
-    ok = 0
-    deadline = time.monotonic() + timeout
-    while pending:
-        head = pending[:window]
-        values = fetch(head)
-        missing = [k for k, v in zip(head, values, strict=True) if v is None]
-        ok += sum(1 for v in values if v is not None and succeeded(v))
-        pending = missing + pending[window:]
-        if missing:
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(pause)
-    return ok
+
+    def __init__(self, fetch: Callable[[list[Any]], list[Any]], keys: list[Any],
+                 succeeded: Callable[[Any], bool], window: int = 500,
+                 pause: float = 0.005) -> None:
+        self.fetch, self.succeeded = fetch, succeeded
+        self.pending = list(keys)
+        self.found = self.ok = 0
+        self.window, self.pause = window, pause
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        """Poll for up to ``timeout`` seconds; the counts so far and whether it is done."""
+        deadline = time.monotonic() + timeout
+        while self.pending:
+            head = self.pending[:self.window]
+            values = self.fetch(head)
+            missing = [k for k, v in zip(head, values, strict=True) if v is None]
+            self.found += len(head) - len(missing)
+            self.ok += sum(1 for v in values if v is not None and self.succeeded(v))
+            self.pending = missing + self.pending[self.window:]
+            if missing:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(self.pause)
+        return {"done": not self.pending, "found": self.found, "succeeded": self.ok}

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,7 +30,17 @@ Result = tuple[Action, str | None, str | None, float]
 """An ``Outcome``'s fields without the object: (action, state, reason, runtime)."""
 
 
-@dataclass(frozen=True, slots=True)
+def _slot_setters(cls: type, names: str) -> tuple[Callable[[Any, Any], None], ...]:
+    """The setters of ``cls``'s slots, for an ``__init__`` that bypasses the frozen guard.
+
+    A frozen dataclass's generated ``__init__`` assigns each field through
+    ``object.__setattr__``, which costs twice what the slot's own setter does, and the
+    worker builds a ``Job`` and an ``Outcome`` for every task (0.5 us -> 0.3 us each).
+    """
+    return tuple(vars(cls)[name].__set__ for name in names.split())
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Job:
     """A message as the pool receives it: the body is still undecoded bytes."""
 
@@ -41,8 +52,23 @@ class Job:
     delivery_count: int
     hostname: str
 
+    def __init__(self, id: int, headers: dict[str, Any], body: bytes, content_type: str,
+                 queue: str, delivery_count: int, hostname: str) -> None:
+        set_id, set_headers, set_body, set_content_type, set_queue, set_count, set_host = (
+            _JOB_SETTERS)
+        set_id(self, id)
+        set_headers(self, headers)
+        set_body(self, body)
+        set_content_type(self, content_type)
+        set_queue(self, queue)
+        set_count(self, delivery_count)
+        set_host(self, hostname)
 
-@dataclass(frozen=True, slots=True)
+
+_JOB_SETTERS = _slot_setters(Job, "id headers body content_type queue delivery_count hostname")
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Outcome:
     """What the main process does with the message after the task ran."""
 
@@ -51,6 +77,18 @@ class Outcome:
     reason: str | None = None
     runtime: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, action: Action, state: str | None = None, reason: str | None = None,
+                 runtime: float = 0.0, extra: dict[str, Any] | None = None) -> None:
+        set_action, set_state, set_reason, set_runtime, set_extra = _OUTCOME_SETTERS
+        set_action(self, action)
+        set_state(self, state)
+        set_reason(self, reason)
+        set_runtime(self, runtime)
+        set_extra(self, {} if extra is None else extra)
+
+
+_OUTCOME_SETTERS = _slot_setters(Outcome, "action state reason runtime extra")
 
 
 def execute(app: Celeriac, job: Job) -> Outcome:
@@ -76,12 +114,12 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         return "dead_letter", None, str(exc), 0.0
 
     limits = headers.get("timelimit") or (None, None)
-    retries = int(headers.get("retries") or 0)
     # Positional: with sixteen keyword arguments the call costs 0.4 us more per task.
     # _REQUEST_FIELDS (checked at import) pins the order.
     request = Request(
-        task_id, task.name, args, kwargs, retries, headers.get("eta"), headers.get("expires"),
-        headers.get("root_id"), headers.get("parent_id"), headers.get("group"), hostname,
+        task_id, task.name, args, kwargs, int(headers.get("retries") or 0),
+        headers.get("eta"), headers.get("expires"), headers.get("root_id"),
+        headers.get("parent_id"), headers.get("group"), hostname,
         {"queue": queue, "delivery_count": delivery_count}, headers, (limits[0], limits[1]),
         False, False,
     )
@@ -90,7 +128,7 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         track = task.options.track_started
         if app.settings.task_track_started if track is None else track:
             backend.store(task_id, states.STARTED, {"pid": os.getpid(), "hostname": hostname},
-                          retries=retries)
+                          retries=request.retries)
     hooks = app.hooks
     if hooks:
         hooks.call("before_task", request)
@@ -100,7 +138,7 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
     if backend is not None and state is not None:
         tb = (traceback.format_exception(retval) if isinstance(retval, BaseException) else None)
         backend.store(task_id, state, retval, traceback="".join(tb) if tb else None,
-                      retries=retries)
+                      retries=request.retries)
     if hooks:
         hooks.call("after_task", request, state, retval)
     _log(task.name, task_id, state, retval, runtime)

@@ -56,27 +56,26 @@ def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
         return 2
     pipes.write_all(result_w, pipes.frame(pipes.UP, str(os.getpid()).encode()))
 
-    reader = pipes.FrameReader()
     done_tasks = 0
     while True:
-        frames = pipes.read_frames(job_r, reader)
-        if not frames:
+        frame = pipes.read_frame(job_r)
+        if frame is None:
             return 0  # EOF: the parent closed our pipe or died
-        for kind, payload in frames:
-            if kind == pipes.STOP:
-                return 0
-            meta, body = pipes.split_blob(payload)
-            job_id, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
-            action, state, reason, runtime = _run(app, headers, body, content_type, queue,
-                                                  delivery_count, hostname, soft_limit)
-            done_tasks += 1
-            retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
-            pipes.write_all(result_w, pipes.frame(pipes.DONE, orjson.dumps(
-                (job_id, action, state, reason, runtime, retire))))
-            if retire:
-                return 0
-            if os.getppid() != parent:
-                return 0
+        kind, payload = frame
+        if kind == pipes.STOP:
+            return 0
+        meta, body = pipes.split_blob(payload)
+        job_id, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
+        action, state, reason, runtime = _run(app, headers, body, content_type, queue,
+                                              delivery_count, hostname, soft_limit)
+        done_tasks += 1
+        retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
+        pipes.write_all(result_w, pipes.frame(pipes.DONE, orjson.dumps(
+            (job_id, action, state, reason, runtime, retire))))
+        if retire:
+            return 0
+        if os.getppid() != parent:
+            return 0
 
 
 def _run(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str, queue: str,
@@ -218,7 +217,7 @@ class RelayBackend(ResultBackend):
 
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
-        meta = {"task_id": task_id, "content_type": content_type, "expires_at": expires_at}
+        meta = (task_id, content_type, expires_at)
         pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_RESULT, meta, data))
 
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
