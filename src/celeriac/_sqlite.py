@@ -225,7 +225,10 @@ class Listener:
 
         loop.add_reader(fd, rung)
         try:
-            return await asyncio.wait_for(fut, max(timeout, 0.0))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that lands as the future completes (a warm shutdown would hang).
+            async with asyncio.timeout(max(timeout, 0.0)):
+                return await fut
         except TimeoutError:
             return False
         finally:

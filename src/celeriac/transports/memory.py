@@ -132,8 +132,11 @@ class MemoryTransport(Transport):
                     wait = min(wait, next_eta - time.time())
                 if deadline - time.monotonic() <= 0:
                     return []
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that lands as the future completes (shutdown would hang).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fut, max(wait, 0.0))
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await fut
             finally:
                 with b.lock:
                     b.waiters.discard((loop, fut))
@@ -291,7 +294,8 @@ class _MemorySubscription(Subscription):
         if not self.items:
             self.waiter = self.loop.create_future()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.waiter, timeout)
+                async with asyncio.timeout(timeout):
+                    await self.waiter
             self.waiter = None
         return self.items.popleft() if self.items else None
 

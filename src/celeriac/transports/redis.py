@@ -136,8 +136,10 @@ class RedisTransport(Transport):
         """Until a token arrives on our wake list, or ``seconds`` pass."""
         async def blpop(client: aredis.Redis, ns: str) -> Any:
             # BLPOP's timeout of 0 means forever: callers pass at least a millisecond.
-            return await asyncio.wait_for(client.blpop([f"{ns}:wake:{me}"], seconds),
-                                          seconds + _BLOCK_GUARD)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+            # cancellation that lands as the call completes (shutdown would hang).
+            async with asyncio.timeout(seconds + _BLOCK_GUARD):
+                return await client.blpop([f"{ns}:wake:{me}"], seconds)
 
         await self.conn.acall(blpop)
 

@@ -51,6 +51,11 @@ class ConsumerStep(Step):
         await self.transport.connect(w.id)
         self.consumer = Consumer(w, self.transport, w.pool)
         w.consumer = self.consumer
+        # The lease heartbeat belongs to this step, not to one stopped before it: it must
+        # go on while a warm shutdown waits for running tasks, or a task running longer
+        # than the lease would be handed to another worker.
+        lease = w.app.settings.worker_lease_timeout
+        self.beat = w.timer.call_repeatedly(max(lease / 4, 0.05), self.transport.heartbeat)
         self.consumer.start()
 
     async def stop(self) -> None:
@@ -63,6 +68,7 @@ class ConsumerStep(Step):
         await c.worker.pool.join()
         await c.flush()
         await self.transport.disconnect()
+        self.beat.cancel()
 
     async def terminate(self) -> None:
         c = self.consumer
@@ -73,17 +79,16 @@ class ConsumerStep(Step):
         await c.flush()
         # disconnect() returns every message this worker still owns, running ones too.
         await self.transport.disconnect()
+        self.beat.cancel()
 
 
 class HeartStep(Step):
-    """Renews the worker's lease on its messages and returns dead workers' messages."""
+    """Periodic upkeep: expired results. (The lease heartbeat lives in ConsumerStep.)"""
 
     requires = (ConsumerStep,)
 
     async def start(self) -> None:
         w = self.worker
-        lease = w.app.settings.worker_lease_timeout
-        self.beat = w.timer.call_repeatedly(max(lease / 4, 0.05), w.app.transport.heartbeat)
         expires = w.app.settings.result_expires
         self.cleanup = None
         if expires:
@@ -96,7 +101,6 @@ class HeartStep(Step):
             logger.info("removed %d expired result(s)", removed)
 
     async def stop(self) -> None:
-        self.beat.cancel()
         if self.cleanup is not None:
             self.cleanup.cancel()
 

@@ -123,7 +123,8 @@ class PreforkPool(Pool):
         for proc in list(self.children.values()):
             self._retire(proc)
         try:
-            await asyncio.wait_for(self._all_gone.wait(), 10.0)
+            async with asyncio.timeout(10.0):
+                await self._all_gone.wait()
         except TimeoutError:
             logger.warning("children did not exit within 10s of STOP; killing them")
             await self.terminate()
