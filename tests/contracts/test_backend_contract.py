@@ -123,7 +123,7 @@ def test_results_expire_and_cleanup_deletes_them(backend: BackendFactory) -> Non
 
     deadline = t0 + 3.0
     while short.get_many(["short-1", "short-2"]) and time.monotonic() < deadline:
-        time.sleep(0.01)  # polling for the expiry, bounded by the deadline
+        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
     gone_after = time.monotonic() - t0
     assert short.get("short-1") is None, "the result did not expire"
     assert short.get("short-2") is None, "the result did not expire"
@@ -191,9 +191,9 @@ def test_wait_for_wakes_when_another_thread_stores(backend: BackendFactory) -> N
 
     def store_later() -> None:
         assert started.wait(5)
-        time.sleep(IDLE)  # let the waiter fall asleep: that is the point
+        time.sleep(IDLE)  # sleep-ok: let the waiter fall asleep: that is the point
         writer.store("t-1", states.STARTED, None)  # not ready: keeps waiting
-        time.sleep(IDLE / 2)
+        time.sleep(IDLE / 2)  # sleep-ok: a store while it sleeps
         writer.store("t-1", states.SUCCESS, "done")
         stored_at.append(time.monotonic())
 
@@ -214,7 +214,7 @@ def test_wait_for_wakes_when_another_thread_stores(backend: BackendFactory) -> N
 def _store_later_in_child(url: str, started: Any, out: Any) -> None:
     writer = create_backend(url, Settings(result_backend=url))
     assert started.wait(5)
-    time.sleep(IDLE)  # let the waiter fall asleep: that is the point
+    time.sleep(IDLE)  # sleep-ok: let the waiter fall asleep: that is the point
     writer.store("t-1", states.SUCCESS, {"from": "child"})
     out.put(time.monotonic())  # CLOCK_MONOTONIC is system-wide: comparable across processes
     writer.close()

@@ -22,6 +22,7 @@ from celeriac.backends import postgres
 from celeriac.backends.base import ResultBackend, create_backend
 from celeriac.errors import BrokerUnavailable, ConfigurationError
 from celeriac.settings import Settings
+from celeriac.testing import wait_until
 from tests.services import require
 
 mp = multiprocessing.get_context("fork")
@@ -99,7 +100,7 @@ def test_notify_wakes_a_waiter_within_50ms(make: Factory) -> None:
 
     def store_later() -> None:
         for n in range(3):
-            time.sleep(0.15)  # the waiter is asleep by now
+            time.sleep(0.15)  # sleep-ok: the waiter is asleep by now
             stored_at.append(time.monotonic())
             writer.store(f"t-{n}", states.SUCCESS, n)
 
@@ -213,7 +214,7 @@ def test_reconnects_after_the_server_ends_the_session(server: str, url: str, mak
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                       " WHERE application_name = %s", (app_name,))
-    time.sleep(0.1)
+    wait_until(lambda: _sessions(server, app_name) == 0, 5, message="session terminated")
     with caplog.at_level(logging.WARNING, logger="celeriac.backends.postgres"):
         b.store("t-2", states.SUCCESS, 2)
     assert any("reconnecting" in r.getMessage() for r in caplog.records)
@@ -252,7 +253,7 @@ def test_wait_for_survives_its_listener_being_closed_as_idle(make: Factory,
 
     def store_later() -> None:
         for n in range(5):
-            time.sleep(0.05)
+            time.sleep(0.05)  # sleep-ok: store after the waiter is asleep
             writer.store(f"t-{n}", states.STARTED, None)
             waiter.get("unrelated")  # reaps the waiter's listener between its waits
         writer.store("t-4", states.SUCCESS, "done")

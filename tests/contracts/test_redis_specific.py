@@ -164,7 +164,7 @@ def test_one_heartbeat_returns_all_2000_messages_of_an_expired_consumer(
         live = make(worker_lease_timeout=0.2)
         await live.connect("live")
         assert producer.queue_length(Q) == 0
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.25)  # sleep-ok: the 0.2 s lease must run out
         assert await live.heartbeat() == 2000
         assert producer.queue_length(Q) == 2000
         again = await live.fetch([Q], 2000, 1.0)
@@ -393,7 +393,7 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[int, Callable[[], None], Callabl
         deadline = time.monotonic() + 10
         while not reachable("127.0.0.1", port, 0.1):
             assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
+            time.sleep(0.02)  # sleep-ok: poll interval under a deadline
 
     def stop() -> None:
         procs[-1].kill()
@@ -460,7 +460,7 @@ def test_get_wakes_within_milliseconds_of_the_store(url: str) -> None:
         stored_at: list[float] = []
 
         def store_later(n: int = n, stored_at: list[float] = stored_at) -> None:
-            time.sleep(0.05)
+            time.sleep(0.05)  # sleep-ok: store after the waiter is asleep
             writer.store(f"t-{n}", states.SUCCESS, n)
             stored_at.append(time.monotonic())
 

@@ -257,7 +257,7 @@ def test_idle_fetch_wakes_on_publish_from_another_thread(transport: TransportFac
 
     def publish_later() -> None:
         assert fetching.wait(5)
-        time.sleep(IDLE)  # let the consumer fall asleep in its fetch: that is the point
+        time.sleep(IDLE)  # sleep-ok: let the consumer fall asleep in its fetch: that is the point
         producer.publish(Q, message(1))
         published_at.append(time.monotonic())
 
@@ -274,7 +274,7 @@ def test_idle_fetch_wakes_on_publish_from_another_thread(transport: TransportFac
 def _publish_later_in_child(url: str, fetching: Any, out: Any) -> None:
     producer = create_transport(url, Settings(broker_url=url))
     assert fetching.wait(5)
-    time.sleep(IDLE)  # let the consumer fall asleep in its fetch: that is the point
+    time.sleep(IDLE)  # sleep-ok: let the consumer fall asleep in its fetch: that is the point
     producer.publish(Q, message(1))
     out.put(time.monotonic())  # CLOCK_MONOTONIC is system-wide: comparable across processes
     producer.close()
@@ -315,7 +315,7 @@ def test_consumer_connecting_right_after_a_publish_wakes_on_the_next(
 
     def publish_later() -> None:
         assert fetching.wait(5)
-        time.sleep(IDLE)  # let the consumer fall asleep in its fetch: that is the point
+        time.sleep(IDLE)  # sleep-ok: let the consumer fall asleep in its fetch: that is the point
         producer.publish(Q, message(1))
         published_at.append(time.monotonic())
 
@@ -338,7 +338,7 @@ def test_requeue_wakes_an_idle_consumer(transport: TransportFactory) -> None:
         idle = await consumer(transport, "idle")
 
         async def give_back() -> float:
-            await asyncio.sleep(IDLE)  # let the other consumer fall asleep in its fetch
+            await asyncio.sleep(IDLE)  # sleep-ok: let the other consumer fall asleep in its fetch
             await holder.requeue([d], redelivered=False)
             return time.monotonic()
 
@@ -631,7 +631,7 @@ def test_idle_fetch_returns_a_delayed_message_published_while_it_waits(
         c = await consumer(transport, "c1")
 
         async def publish_later() -> float:
-            await asyncio.sleep(IDLE / 2)  # let the consumer fall asleep in its fetch
+            await asyncio.sleep(IDLE / 2)  # sleep-ok: let the consumer fall asleep in its fetch
             producer.publish(Q, message(1), delay=0.3)
             return time.monotonic()
 
@@ -669,7 +669,7 @@ def _consume_until_empty(url: str, start: Any, out: Any) -> None:
             if not batch:
                 break
             seen += [(d.message.headers["id"], d.delivery_count) for d in batch]
-            await asyncio.sleep(0.002)  # "work", so the consumers interleave
+            await asyncio.sleep(0.002)  # sleep-ok: "work", so the consumers interleave
             await t.ack(batch)
         await t.disconnect()
         t.close()

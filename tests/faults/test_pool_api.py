@@ -30,7 +30,7 @@ async def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # sleep-ok: poll interval under a deadline
 
 
 def test_grow_and_shrink() -> None:
