@@ -59,7 +59,8 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self.pool.on_ready = self._dispatch
-        self._fetcher = asyncio.get_running_loop().create_task(self._fetch_loop())
+        self.loop = asyncio.get_running_loop()
+        self._fetcher = self.loop.create_task(self._fetch_loop())
 
     async def stop_fetching(self) -> None:
         if self._fetcher is not None:
@@ -177,7 +178,7 @@ class Consumer:
 
     def _schedule_flush(self) -> None:
         if len(self._to_ack) == 1:
-            asyncio.get_running_loop().call_soon(self._flush_acks)
+            self.loop.call_soon(self._flush_acks)
 
     def _flush_acks(self) -> None:
         if self._to_ack:
@@ -196,7 +197,7 @@ class Consumer:
         self._capacity.set()
 
     def _spawn(self, op: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(op)
+        task = self.loop.create_task(op)
         self._pending.add(task)
         task.add_done_callback(self._op_done)
 
