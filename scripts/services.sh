@@ -20,4 +20,11 @@ if ! up 5432 && command -v pg_ctlcluster >/dev/null; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start \
     && wait_port 5432
 fi
+# The dashboard's browser test drives Debian's Chromium (headless).
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing chromium for the dashboard's browser test"
+  apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+    || echo "could not install chromium; the browser test will say so"
+fi
 exit 0

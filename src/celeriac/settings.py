@@ -79,6 +79,23 @@ class Settings:
     worker_autoscale_cooldown: float = 10.0
     """Seconds a pool must have had idle children before the autoscaler shrinks it."""
 
+    worker_send_task_events: bool = False
+    """Send task events (``-E``): received, started, succeeded, failed, retried, ..."""
+    worker_enable_heartbeat: bool = True
+    """Send ``worker-online``/``-heartbeat``/``-offline`` (``--without-heartbeat``: off)."""
+    worker_heartbeat_interval: float = 2.0
+    """Seconds between ``worker-heartbeat`` events; monitors expire a worker after 2x."""
+    task_send_sent_event: bool = False
+    """Producers send a ``task-sent`` event for every message they publish."""
+    events_hide_args: bool = False
+    """Leave task arguments out of events altogether (they may hold personal data)."""
+    events_buffer_limit: int = 100
+    """Task events are sent in batches of up to this many..."""
+    events_flush_interval: float = 0.1
+    """...or after this many seconds, whichever comes first."""
+    events_offline_buffer: int = 10_000
+    """Events kept while the broker is unreachable; the oldest are dropped beyond it."""
+
     max_message_size: int = 64 * 1024 * 1024
 
     broker_connection_retry: bool = True
@@ -115,6 +132,15 @@ class Settings:
         if self.worker_lease_timeout <= 0:
             raise ConfigurationError(
                 f"worker_lease_timeout must be > 0, got {self.worker_lease_timeout!r}"
+            )
+        if self.worker_heartbeat_interval <= 0:
+            raise ConfigurationError(
+                f"worker_heartbeat_interval must be > 0, got {self.worker_heartbeat_interval!r}"
+            )
+        if self.events_buffer_limit < 1 or self.events_offline_buffer < 1:
+            raise ConfigurationError(
+                "events_buffer_limit and events_offline_buffer must be >= 1, got "
+                f"{self.events_buffer_limit!r} and {self.events_offline_buffer!r}"
             )
         if self.max_message_size < 1:
             raise ConfigurationError(

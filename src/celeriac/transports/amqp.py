@@ -123,8 +123,8 @@ class AMQPTransport(Transport):
             self.check_size(item.message)
         self.client.publish_many(items)
 
-    def broadcast(self, channel: str, payload: bytes) -> None:
-        self.client.broadcast(channel, payload)
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
+        self.client.broadcast(channel, payload, routing_key)
 
     def ping(self) -> None:
         self.client.ping()

@@ -338,7 +338,7 @@ class SyncClient:
         if left:
             self.call("publish", op)
 
-    def broadcast(self, channel: str, payload: bytes) -> None:
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         name = self.config.fanout(channel)
         props = wire.encode_properties({"delivery_mode": 1})  # not stored
 
@@ -346,7 +346,7 @@ class SyncClient:
             if name not in link.exchanges:
                 link.admin().exchange_declare(name, "fanout", durable=True)
                 link.exchanges.add(name)
-            self._send(link, {0: (name, "", payload, props, False)}, [0])
+            self._send(link, {0: (name, routing_key, payload, props, False)}, [0])
 
         self.call("broadcast", op)
 

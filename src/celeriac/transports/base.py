@@ -130,8 +130,10 @@ class Transport(abc.ABC):
 
     # -- broadcast (events and control) ---------------------------------------------------
     @abc.abstractmethod
-    def broadcast(self, channel: str, payload: bytes) -> None:
-        """Send ``payload`` to every current subscriber of ``channel``; not stored."""
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
+        """Send ``payload`` to every current subscriber of ``channel``; not stored.
+
+        ``routing_key`` labels it where the broker routes by key (AMQP); others ignore it."""
 
     @abc.abstractmethod
     async def subscribe(self, channel: str) -> Subscription:

@@ -261,7 +261,7 @@ class MemoryTransport(Transport):
             b.dead = [] if ids is None else [d for d in b.dead if d.id not in set(ids)]
             return before - len(b.dead)
 
-    def broadcast(self, channel: str, payload: bytes) -> None:
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         with self.broker.lock:
             subscribers = list(self.broker.subscribers.get(channel, ()))
         for s in subscribers:

@@ -254,7 +254,7 @@ class RedisTransport(Transport):
                 return total
 
     # -- broadcast ----------------------------------------------------------------------
-    def broadcast(self, channel: str, payload: bytes) -> None:
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         self.conn.call(lambda client, ns: client.publish(f"{ns}:bc:{channel}", payload))
 
     async def subscribe(self, channel: str) -> Subscription:

@@ -264,7 +264,7 @@ class SQLiteTransport(Transport):
                                 (*ids,)).rowcount
 
     # -- broadcast ----------------------------------------------------------------------
-    def broadcast(self, channel: str, payload: bytes) -> None:
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         now = time.time()
         with self.db.transaction() as conn:
             conn.execute("INSERT INTO broadcasts (channel, payload, sent) VALUES (?, ?, ?)",

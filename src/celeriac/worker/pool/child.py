@@ -199,7 +199,7 @@ class RelayTransport(Transport):
     def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
         raise NotImplementedError
 
-    def broadcast(self, channel: str, payload: bytes) -> None:
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         raise NotImplementedError("broadcast from the worker's main process")
 
     async def subscribe(self, channel: str) -> Subscription:
