@@ -12,6 +12,7 @@ import click
 
 from ..__about__ import __version__
 from ..errors import CeleriacError
+from .dashboard import dashboard
 from .dead import dead
 from .loader import AppLoader
 from .tasks import call, purge, result
@@ -36,5 +37,5 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
     ctx.obj = AppLoader(app_spec)
 
 
-for _command in (worker, call, result, purge, dead):
+for _command in (worker, call, result, purge, dead, dashboard):
     main.add_command(_command)
