@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
+import sys
+import threading
 import time
 import uuid
 import warnings
@@ -307,3 +310,58 @@ def test_cli_is_loopback() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert is_loopback("127.0.0.2") and is_loopback("[::1]")
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("host")
+
+
+def test_a_queue_that_cannot_be_read(web: TestClient, memory_app: Celeriac,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    real = memory_app.transport.queue_length
+
+    def queue_length(queue: str) -> int:
+        if queue == "extra":
+            raise ConnectionError("broker said no")
+        return real(queue)
+
+    monkeypatch.setattr(memory_app.transport, "queue_length", queue_length)
+    queues = {q["name"]: q for q in web.get("/api/queues").json()["queues"]}
+    assert queues["celery"] == {"name": "celery", "length": 0, "error": None}
+    assert queues["extra"]["length"] is None
+    assert queues["extra"]["error"] == "ConnectionError: broker said no"
+    text = web.get("/metrics").text
+    assert 'celeriac_queue_length{queue="celery"} 0.0' in text
+    assert 'queue="extra"' not in text  # no sample rather than a wrong one
+
+
+def test_a_slow_broker_does_not_hang_queue_reads(memory_app: Celeriac,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def queue_length(queue: str) -> int:
+        release.wait(5)
+        return 7
+
+    async def scenario() -> None:
+        monitor = Monitor(memory_app)
+        monkeypatch.setattr(memory_app.transport, "queue_length", queue_length)
+        started = time.monotonic()
+        first = await monitor.refresh_queues(timeout=0.1)
+        assert time.monotonic() - started < 2
+        assert first == [{"name": "celery", "length": None, "error": None}]  # nothing yet
+        release.set()
+        assert (await monitor.refresh_queues(timeout=5))[0]["length"] == 7
+
+    asyncio.run(scenario())
+
+
+def test_missing_dependencies_name_the_extra(memory_app: Celeriac,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from celeriac.errors import ConfigurationError
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ConfigurationError, match=r"prometheus_client: pip install "
+                                                 r"'celeriac\[dashboard\]'"):
+        create_app(memory_app)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    result = CliRunner().invoke(main, ["dashboard"])
+    assert result.exit_code == 1
+    assert "pip install 'celeriac[dashboard]'" in result.output
+    assert len(result.output.strip().splitlines()) == 1

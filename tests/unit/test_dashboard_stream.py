@@ -162,3 +162,15 @@ def test_events_from_the_broker_reach_the_api_and_the_stream(memory_app: Celeria
         assert detail["traceback"].endswith("KeyError: 'k'\n")
         wait_until(lambda: http.get("/api/stats").json()["stream_clients"] == 0, 5,
                    message="the closed stream unsubscribed")
+
+
+def test_streams_opened_after_close_end_at_once() -> None:
+    async def scenario() -> None:
+        hub = Hub()
+        before = hub.subscribe()
+        hub.close()
+        after = hub.subscribe()
+        assert await before.queue.get() is None and await after.queue.get() is None
+        assert not hub.clients
+
+    asyncio.run(scenario())

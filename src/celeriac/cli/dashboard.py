@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from types import FrameType
 
 import click
 
@@ -13,6 +14,9 @@ from .loader import AppLoader
 logger = logging.getLogger("celeriac.dashboard")
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
+GRACE = 5
+"""Seconds a stop waits for requests still running (a slow /api/queues) before it
+cancels them."""
 
 
 def is_loopback(host: str) -> bool:
@@ -98,5 +102,15 @@ def dashboard(load: AppLoader, host: str, port: int, auth: tuple[str, str] | Non
                 f"basic auth as {auth[0]!r}" if auth else "no auth")
     config = uvicorn.Config(web, host=host, port=port, log_config=None,
                             log_level=loglevel.lower(), access_log=loglevel.lower() == "debug",
-                            server_header=False, lifespan="on")
-    uvicorn.Server(config).run()
+                            server_header=False, lifespan="on",
+                            timeout_graceful_shutdown=GRACE)
+    monitor = web.state.monitor
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # uvicorn waits for open responses before shutting the app down; the
+            # event streams end only when told to.
+            monitor.end_streams_threadsafe()
+            super().handle_exit(sig, frame)
+
+    Server(config).run()

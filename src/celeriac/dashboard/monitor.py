@@ -126,9 +126,10 @@ class Monitor:
         self.seen_queues: set[str] = set()
         self.queue_lengths: dict[str, int | None] = {}
         self._queue_errors: dict[str, str] = {}
-        self._queue_refresh: asyncio.Task[None] | None = None
+        self._queue_refresh: asyncio.Future[None] | None = None
         self._dirty: dict[str, None] = {}  # task uuids changed since the last flush, ordered
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- events ------------------------------------------------------------------------
     def handle(self, event: Event) -> None:
@@ -246,26 +247,31 @@ class Monitor:
                  "error": self._queue_errors.get(q)} for q in self.queue_names()]
 
     def _read_lengths(self, names: list[str]) -> dict[str, int | str]:
-        transport = self.app.transport
         out: dict[str, int | str] = {}
         for name in names:
             try:
-                out[name] = int(transport.queue_length(name))
+                out[name] = int(self.app.transport.queue_length(name))
             except Exception as exc:  # one bad queue must not hide the others
                 out[name] = f"{type(exc).__name__}: {exc}"
         return out
 
-    async def refresh_queues(self) -> list[dict[str, Any]]:
-        """Read every queue's length (in a thread: transports block) and return them."""
-        if self._queue_refresh is None or self._queue_refresh.done():
-            self._queue_refresh = asyncio.ensure_future(self._refresh())
-        # shield: a request that goes away must not cancel a read others wait for
-        await asyncio.shield(self._queue_refresh)
+    async def refresh_queues(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Read every queue's length (in a thread: transports block) and return them;
+        after ``timeout`` seconds, the last lengths read (a broker that is retrying its
+        connection must not hang a page or a scrape)."""
+        refresh = self._start_queue_refresh()
+        # shield: a caller that times out or goes away must not cancel a read that
+        # others wait for
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(refresh)
         return self.queues_payload()
 
-    def _start_queue_refresh(self) -> None:
+    def _start_queue_refresh(self) -> asyncio.Future[None]:
+        """The refresh under way, or a new one: one broker round at a time."""
         if self._queue_refresh is None or self._queue_refresh.done():
             self._queue_refresh = asyncio.ensure_future(self._refresh())
+        return self._queue_refresh
 
     async def _refresh(self) -> None:
         results = await asyncio.to_thread(self._read_lengths, self.queue_names())
@@ -285,10 +291,19 @@ class Monitor:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, receive: bool = True) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if receive:
             self._tasks.append(loop.create_task(self._receive(), name="dashboard-receiver"))
         self._tasks.append(loop.create_task(self._pump(), name="dashboard-pump"))
+
+    def end_streams_threadsafe(self) -> None:
+        """End every event stream; callable from any thread or a signal handler.
+
+        A server waits for open responses before it runs the app's shutdown, and an event
+        stream never ends by itself: the server calls this when it is told to stop.
+        """
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.hub.close)
 
     async def stop(self) -> None:
         self.hub.close()

@@ -63,10 +63,14 @@ class Hub:
         self.client_queue_size = client_queue_size
         self.clients: set[Client] = set()
         self.dropped_total = 0
+        self.closed = False
 
     def subscribe(self, peer: str = "?") -> Client:
         client = Client(self.client_queue_size, peer)
-        self.clients.add(client)
+        if self.closed:
+            client.drop()  # shutting down: the stream ends at once
+        else:
+            self.clients.add(client)
         return client
 
     def unsubscribe(self, client: Client) -> None:
@@ -82,6 +86,8 @@ class Hub:
                                "behind", client.peer, self.client_queue_size)
 
     def close(self) -> None:
+        """End every stream, now and for clients that connect from now on."""
+        self.closed = True
         for client in list(self.clients):
             client.drop()
         self.clients.clear()

@@ -160,8 +160,8 @@ class Views:
         })
 
     async def metrics(self, request: Request) -> Response:
-        with contextlib.suppress(Exception):  # a broker error shows as a missing sample
-            await self.monitor.refresh_queues()
+        # within a scrape's usual timeout; a queue that cannot be read has no sample
+        await self.monitor.refresh_queues(timeout=3.0)
         # Generated on the loop thread: the state is only changed here, so one scrape
         # sees one consistent state.
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
