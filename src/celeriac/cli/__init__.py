@@ -14,6 +14,7 @@ from ..__about__ import __version__
 from ..errors import CeleriacError
 from .dashboard import dashboard
 from .dead import dead
+from .events import events
 from .loader import AppLoader
 from .tasks import call, purge, result
 from .worker import worker
@@ -37,5 +38,5 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
     ctx.obj = AppLoader(app_spec)
 
 
-for _command in (worker, call, result, purge, dead, dashboard):
+for _command in (worker, call, result, purge, dead, events, dashboard):
     main.add_command(_command)
