@@ -189,8 +189,9 @@ def test_camera_writes_snapshots(env: dict[str, str], dispatcher: EventDispatche
 
 
 @pytest.mark.slow
-def test_live_view_in_a_terminal_quits_on_q_and_restores_it(
-        env: dict[str, str], dispatcher: EventDispatcher) -> None:
+@pytest.mark.parametrize("quit_by", ["q", "ctrl-c"])
+def test_live_view_in_a_terminal_quits_and_restores_it(
+        env: dict[str, str], dispatcher: EventDispatcher, quit_by: str) -> None:
     import pty
     import termios
 
@@ -220,7 +221,10 @@ def test_live_view_in_a_terminal_quits_on_q_and_restores_it(
 
         wait_until(shown, 20, interval=0.2, message="a frame with the worker")
         assert termios.tcgetattr(slave)[3] & termios.ICANON == 0   # cbreak while it runs
-        os.write(master, b"q")
+        if quit_by == "q":
+            os.write(master, b"q")
+        else:
+            p.proc.send_signal(signal.SIGINT)
         p.finish(10)
         assert termios.tcgetattr(slave) == before                  # restored
     finally:
