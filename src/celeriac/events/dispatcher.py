@@ -361,6 +361,7 @@ class EventDispatcher:
             self.sent += done
             if done < len(batch):  # back in front, in order; then trim to the limit
                 self._pending.extendleft(reversed(batch[done:]))
+                self._urgent = True  # due again right after the backoff, not an interval later
                 while len(self._pending) > self.offline_limit:
                     self._pending.popleft()
                     self.dropped += 1
