@@ -145,7 +145,11 @@
   async function showDetail(uuid) {
     selected = uuid;
     scheduleRender();
-    if (!uuid) { $("detail").hidden = true; return; }
+    if (!uuid) {
+      $("detail").hidden = true;
+      $("tasks-panel").classList.remove("detail-open");
+      return;
+    }
     let t;
     try {
       t = await api("api/tasks/" + encodeURIComponent(uuid));
@@ -154,6 +158,7 @@
     }
     if (selected !== uuid) return;
     $("detail").hidden = false;
+    $("tasks-panel").classList.add("detail-open");
     $("detail").dataset.uuid = uuid;
     $("d-state").textContent = t.state || "";
     $("d-state").className = "state state-" + (t.state || "");
