@@ -178,6 +178,11 @@ class Doorbell:
             self._sender_pid = os.getpid()
         return self._sender
 
+    def close(self) -> None:
+        if self._sender is not None and self._sender_pid == os.getpid():
+            self._sender.close()
+        self._sender = None
+
     # -- listening ----------------------------------------------------------------------
     def listen(self) -> Listener:
         for _ in range(5):

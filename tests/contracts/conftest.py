@@ -110,7 +110,8 @@ def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transp
         _drop_amqp_namespace(factory.url)
 
 
-_AMQP_NAMES = ("contract", "a", "b", "other", "keep", "warm-up", "celeriac.dead", "events")
+_AMQP_NAMES = ("contract", "a", "b", "other", "keep", "warm-up", "celeriac.dead", "events",
+               "celeriac.events")
 
 
 def _drop_amqp_namespace(url: str) -> None:

@@ -52,11 +52,16 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Hard time limit in seconds for every task.")
 @click.option("--soft-time-limit", type=click.FloatRange(min=0, min_open=True), default=None)
+@click.option("-E", "--task-events", is_flag=True, default=None,
+              help="Send task events (for `celeriac events` and the dashboard).")
+@click.option("--without-heartbeat", is_flag=True, default=False,
+              help="Send no worker-online/-heartbeat/-offline events.")
 @click.pass_obj
 def worker(load: AppLoader, concurrency: int | None, queues: str | None, loglevel: str,
            hostname: str | None, pool: str | None, autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
-           time_limit: float | None, soft_time_limit: float | None) -> None:
+           time_limit: float | None, soft_time_limit: float | None,
+           task_events: bool | None, without_heartbeat: bool) -> None:
     """Start a worker that executes tasks."""
     setup_logging(loglevel)
     app = load()
@@ -69,5 +74,6 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
     app.transport.ping()  # fail now, in one line, on a bad or unreachable broker
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list, pool=pool,
-               autoscale=autoscale)
+               autoscale=autoscale, task_events=task_events or None,
+               heartbeat=False if without_heartbeat else None)
     sys.exit(w.run())

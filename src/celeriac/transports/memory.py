@@ -284,7 +284,13 @@ class _MemorySubscription(Subscription):
 
     def put(self, payload: bytes) -> None:
         self.items.append(payload)
-        self.loop.call_soon_threadsafe(self._wake)
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:
+            # Its loop is closed: the subscriber is gone without closing; forget it
+            # rather than fail the broadcast for every other subscriber.
+            with self.broker.lock:
+                self.broker.subscribers.get(self.channel, set()).discard(self)
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():

@@ -283,6 +283,8 @@ class SQLiteTransport(Transport):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        self.bell.close()
+        self.broadcast_bell.close()
         self.db.close()
 
 

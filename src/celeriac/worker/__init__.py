@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
 from .execute import Job, Outcome
+from .gossip import EventsStep
 from .pool import POOLS
 from .steps import DEFAULT_STEPS
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..events import EventDispatcher
     from .consumer import Consumer
     from .pool.base import Pool
     from .timer import Timer
@@ -43,6 +45,8 @@ class Worker:
         pool: str | None = None,
         autoscale: tuple[int, int] | None = None,
         steps: Sequence[type[Step]] | None = None,
+        task_events: bool | None = None,
+        heartbeat: bool | None = None,
         install_signal_handlers: bool = True,
     ) -> None:
         pool = pool or app.settings.worker_pool
@@ -70,8 +74,16 @@ class Worker:
             concurrency = 1 if pool == "solo" else os.cpu_count() or 1
         self.concurrency = concurrency
         self.queues = list(queues or [app.settings.task_default_queue])
+        settings = app.settings
+        self.task_events = settings.worker_send_task_events if task_events is None else task_events
+        self.heartbeat = settings.worker_enable_heartbeat if heartbeat is None else heartbeat
+        self.events: EventDispatcher | None = None
+        """Set by ``EventsStep`` while the worker runs, if it sends any events."""
         if steps is None:
-            steps = (*DEFAULT_STEPS, Autoscaler) if autoscale else DEFAULT_STEPS
+            # EventsStep first after the Timer: it is up before the consumer sends task
+            # events and, stopping in reverse, sends worker-offline after the pool is done.
+            first, *rest = DEFAULT_STEPS
+            steps = (first, EventsStep, *rest, *((Autoscaler,) if autoscale else ()))
         self.blueprint = Blueprint(steps)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
