@@ -21,6 +21,7 @@ from .tasks import Task, TaskOptions, args_repr
 from .transports.base import Outgoing, Transport, create_transport
 
 if TYPE_CHECKING:
+    from .events import EventDispatcher
     from .worker import Worker
 
 P = ParamSpec("P")
@@ -59,6 +60,7 @@ class Celeriac:
         self.hooks = HookRunner()
         self._transport: Transport | None = None
         self._backend: ResultBackend | None = None
+        self._events: EventDispatcher | None = None
         self._pid = os.getpid()
 
     def __repr__(self) -> str:
@@ -90,13 +92,26 @@ class Celeriac:
             self._backend = create_backend(self.settings.backend_url, self.settings)
         return self._backend
 
+    @property
+    def events(self) -> EventDispatcher:
+        """This process's dispatcher of producer events (``task-sent``)."""
+        if self._events is None or self._pid != os.getpid():
+            self._reset_after_fork()
+            from .events import EventDispatcher
+
+            self._events = EventDispatcher(self, groups=("task",))
+        return self._events
+
     def _reset_after_fork(self) -> None:
         if self._pid != os.getpid():
             # The parent's connections belong to the parent: drop, never close, them.
-            self._transport = self._backend = None
+            self._transport = self._backend = self._events = None
             self._pid = os.getpid()
 
     def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
         if self._transport is not None:
             self._transport.close()
         if self._backend is not None:
@@ -216,6 +231,8 @@ class Celeriac:
         self.transport.publish(queue, message, delay=delay)
         if self.hooks:
             self.hooks.call("after_publish", message, queue)
+        if self.settings.task_send_sent_event:
+            self._send_sent_event(message, queue)
         return _result.AsyncResult(message.headers["id"], self, name)
 
     def send_many(
@@ -263,6 +280,18 @@ class Celeriac:
         if self.hooks:
             for item in chunk:
                 self.hooks.call("after_publish", item.message, item.queue)
+        if self.settings.task_send_sent_event:
+            for item in chunk:
+                self._send_sent_event(item.message, item.queue)
+
+    def _send_sent_event(self, message: Message, queue: str) -> None:
+        h = message.headers
+        fields: dict[str, Any] = {}
+        if not self.settings.events_hide_args:
+            fields["args"], fields["kwargs"] = h.get("argsrepr"), h.get("kwargsrepr")
+        self.events.send("task-sent", uuid=h["id"], name=h["task"], retries=h.get("retries"),
+                         eta=h.get("eta"), expires=h.get("expires"), queue=queue,
+                         root_id=h.get("root_id"), parent_id=h.get("parent_id"), **fields)
 
     async def asend_task(self, name: str, args: Sequence[Any] | None = None,
                          kwargs: Mapping[str, Any] | None = None, **options: Any
