@@ -40,6 +40,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
+from ._resp import AsyncLane, SyncLane, lane_params, sha1
 from .errors import BrokerUnavailable, ConfigurationError, OperationalError
 
 if TYPE_CHECKING:
@@ -110,6 +111,11 @@ def script_source(name: str) -> str:
     return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
+@functools.cache
+def script_sha(name: str) -> str:
+    return sha1(script_source(name))
+
+
 class Connector:
     """The URLs of one broker or result store, the current one, and this process's
     clients for it."""
@@ -137,6 +143,12 @@ class Connector:
         self._aclient: tuple[int, asyncio.AbstractEventLoop, aredis.Redis,
                              dict[str, AsyncScript]] | None = None
         self._stale: list[aredis.Redis] = []
+        # Lanes (``_resp``): scripts bypass redis-py. Per thread (sync) and per event loop
+        # (async), for the current endpoint; None where only redis-py will do.
+        self._params = [lane_params(e.url) for e in self.endpoints]
+        self._lanes = threading.local()
+        self._all_lanes: list[SyncLane] = []
+        self._alane: tuple[int, asyncio.AbstractEventLoop, asyncio.Future[AsyncLane]] | None = None
 
     @property
     def endpoint(self) -> Endpoint:
@@ -157,6 +169,9 @@ class Connector:
             self._client = self._aclient = None
             self._stale = []
             self._lock = threading.Lock()
+            self._lanes = threading.local()
+            self._all_lanes = []
+            self._alane = None
             self._pid = os.getpid()
 
     # -- synchronous ----------------------------------------------------------------------
@@ -200,9 +215,25 @@ class Connector:
                            self._names(), self._clean(last), rounds, delay)
             time.sleep(delay)
 
+    def _sync_lane(self) -> SyncLane | None:
+        params = self._params[self._current]
+        if params is None:
+            return None
+        held: tuple[int, SyncLane] | None = getattr(self._lanes, "lane", None)
+        if held is None or held[0] != self._current or held[1].broken:
+            lane = SyncLane.open(params, self._options()["client_name"],
+                                 self.settings.broker_connection_timeout, self.read_timeout)
+            held = self._lanes.lane = (self._current, lane)
+            with self._lock:
+                self._all_lanes = [x for x in self._all_lanes if not x.broken] + [lane]
+        return held[1]
+
     def run(self, name: str, args: Sequence[Any]) -> Any:
         """Script ``name`` with ARGV = [namespace, *args], through ``call``."""
         def op(client: redis.Redis, namespace: str) -> Any:
+            lane = self._sync_lane()
+            if lane is not None:
+                return lane.evalsha(script_sha(name), script_source(name), [namespace, *args])
             scripts = self._sync()[1]
             script = scripts.get(name)
             if script is None:
@@ -257,9 +288,43 @@ class Connector:
                 raise self._error(endpoint, exc) from exc
         raise AssertionError("unreachable")
 
+    async def _async_lane(self) -> AsyncLane | None:
+        params = self._params[self._current]
+        if params is None:
+            return None
+        loop = asyncio.get_running_loop()
+        held = self._alane
+        if held is not None and held[0] == self._current and held[1] is loop:
+            opening = held[2]
+            if not opening.done():
+                return await asyncio.shield(opening)  # another caller is connecting
+            if opening.exception() is None and not opening.result().broken:
+                return opening.result()
+        # One connection attempt at a time; its callers share the outcome.
+        opening = loop.create_future()
+        self._alane = (self._current, loop, opening)
+        try:
+            lane = await AsyncLane.open(params, self._options()["client_name"],
+                                        self.settings.broker_connection_timeout)
+        except BaseException as exc:
+            opening.set_exception(exc)
+            opening.exception()  # retrieved: a failure nobody else awaited is not news
+            raise
+        opening.set_result(lane)
+        return lane
+
     async def arun(self, name: str, args: Sequence[Any]) -> Any:
         """Script ``name`` with ARGV = [namespace, *args], through ``acall``."""
         async def op(client: aredis.Redis, namespace: str) -> Any:
+            lane = await self._async_lane()
+            if lane is not None:
+                try:
+                    return await lane.evalsha(script_sha(name), script_source(name),
+                                              [namespace, *args])
+                except asyncio.CancelledError:
+                    # The reply may come after all: this connection is out of step.
+                    lane.close()
+                    raise
             scripts = self._async()[1]
             script = scripts.get(name)
             if script is None:
@@ -271,6 +336,9 @@ class Connector:
     async def aclose(self) -> None:
         """Close this loop's async connections."""
         self._check_pid()
+        lane, self._alane = self._alane, None
+        if lane is not None and lane[2].done() and lane[2].exception() is None:
+            lane[2].result().close()
         current, self._aclient = self._aclient, None
         stale, self._stale = self._stale, []
         clients = stale + ([current[2]] if current is not None else [])
@@ -288,9 +356,13 @@ class Connector:
             return
         with self._lock:
             current, self._client = self._client, None
+            lanes, self._all_lanes = self._all_lanes, []
+        self._lanes = threading.local()
+        for lane in lanes:
+            lane.close()
         if current is not None:
             current[1].close()
-        self._aclient, self._stale = None, []
+        self._aclient, self._stale, self._alane = None, [], None
 
     # -- errors -------------------------------------------------------------------------
     def _names(self) -> str:

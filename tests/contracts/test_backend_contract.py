@@ -173,6 +173,60 @@ def test_get_many(backend: BackendFactory) -> None:
     assert set(b.get_many(many)) == set(many[::100])
 
 
+def test_store_many_stores_every_result_of_a_batch(backend: BackendFactory) -> None:
+    writer, reader = backend(), backend()
+    writer.store("replaced", states.STARTED, None)
+    items = [writer.encode(f"b-{n}", states.SUCCESS, {"n": n}, retries=n % 3)
+             for n in range(300)]
+    items.append(writer.encode("replaced", states.SUCCESS, "now"))
+    items.append(writer.encode("failed", states.FAILURE, ValueError("v"), traceback="tb"))
+    writer.store_many(items)
+    writer.store_many([])  # nothing to do, no error
+    got = reader.get_many([f"b-{n}" for n in range(300)] + ["replaced", "failed"])
+    assert len(got) == 302
+    assert all((got[f"b-{n}"].state, got[f"b-{n}"].result, got[f"b-{n}"].retries) ==
+               (states.SUCCESS, {"n": n}, n % 3) for n in range(300))
+    assert (got["replaced"].state, got["replaced"].result) == (states.SUCCESS, "now")
+    failed = got["failed"]
+    assert failed.state == states.FAILURE and failed.traceback == "tb"
+    assert failed.result == {"exc_type": "ValueError", "exc_module": "builtins",
+                             "exc_message": ["v"]}
+
+
+def test_store_many_wakes_a_waiter_once_for_the_batch(backend: BackendFactory) -> None:
+    waiter, writer = backend(), backend()
+    ids = [f"w-{n}" for n in range(50)]
+    stored_at: list[float] = []
+    started = threading.Event()
+
+    def store_later() -> None:
+        assert started.wait(5)
+        time.sleep(IDLE)  # sleep-ok: let the waiter fall asleep: that is the point
+        writer.store_many([writer.encode(t, states.SUCCESS, t) for t in ids])
+        stored_at.append(time.monotonic())
+
+    thread = threading.Thread(target=store_later)
+    thread.start()
+    started.set()
+    try:
+        got, returned_at, _ = _timed_wait_for(waiter, ids, 5.0)
+    finally:
+        thread.join(10)
+    assert {k: m.result for k, m in got.items()} == {t: t for t in ids}
+    assert returned_at - stored_at[0] < WAKE_LATENCY
+
+
+def test_store_many_results_expire(backend: BackendFactory) -> None:
+    short = backend(result_expires=0.2)
+    short.store_many([short.encode(f"e-{n}", states.SUCCESS, n) for n in range(3)])
+    assert len(short.get_many([f"e-{n}" for n in range(3)])) == 3
+    deadline = time.monotonic() + 3.0
+    while short.get_many([f"e-{n}" for n in range(3)]) and time.monotonic() < deadline:
+        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
+    assert short.get_many([f"e-{n}" for n in range(3)]) == {}
+    assert short.cleanup() == 3
+
+
 # -- waiting ----------------------------------------------------------------------------
 
 def _timed_wait_for(b: Any, task_ids: list[str], timeout: float, **kw: Any

@@ -84,20 +84,23 @@ def make(url: str) -> Iterator[Callable[..., RedisTransport]]:
         t.close()
 
 
-def count_commands(client: Any) -> list[str]:
-    """Record the name of every command ``client`` sends from now on."""
-    sent: list[str] = []
-    real = client.execute_command
+def count_commands(client: Any, sent: list[str] | None = None) -> list[str]:
+    """Record the name of every command ``client`` sends from now on: a redis-py client,
+    or a lane (``celeriac._resp``: scripts go through lanes)."""
+    sent = [] if sent is None else sent
+    name = "call" if hasattr(client, "evalsha") and hasattr(client, "call") else \
+        "execute_command"
+    real = getattr(client, name)
     if inspect.iscoroutinefunction(real):
         async def acounting(*args: Any, **kw: Any) -> Any:
             sent.append(str(args[0]))
             return await real(*args, **kw)
-        client.execute_command = acounting
+        setattr(client, name, acounting)
     else:
         def counting(*args: Any, **kw: Any) -> Any:
             sent.append(str(args[0]))
             return real(*args, **kw)
-        client.execute_command = counting
+        setattr(client, name, counting)
     return sent
 
 
@@ -107,7 +110,7 @@ def test_publish_many_fetch_and_ack_of_a_batch_are_one_round_trip_each(
         make: Callable[..., RedisTransport]) -> None:
     producer = make()
     producer.publish(Q, message(-1))  # loads the script, so that the count below is exact
-    sent = count_commands(producer.conn._sync()[0])
+    sent = count_commands(producer.conn._sync_lane())
     producer.publish_many([Outgoing(Q if n % 2 else "other", message(n, priority=n % 10))
                            for n in range(100)])
     assert sent == ["EVALSHA"]
@@ -117,7 +120,7 @@ def test_publish_many_fetch_and_ack_of_a_batch_are_one_round_trip_each(
         await c.connect("c1")
         await c.fetch([Q], 1, 1.0)  # loads the fetch script
         await c.ack(await c.fetch([Q, "other"], 1, 1.0))
-        sent = count_commands(c.conn.aclient())
+        sent = count_commands(await c.conn._async_lane(), count_commands(c.conn.aclient()))
         batch = await c.fetch([Q, "other"], 60, 1.0)
         assert len(batch) == 60 and sent == ["EVALSHA"]
         # Across both queues in one call: by priority, then in publish order.
@@ -138,7 +141,7 @@ def test_an_idle_fetch_blocks_in_redis_instead_of_polling(make: Callable[..., Re
         c = make()
         await c.connect("idle")
         await c.fetch([Q], 1, 0.0)
-        sent = count_commands(c.conn.aclient())
+        sent = count_commands(await c.conn._async_lane(), count_commands(c.conn.aclient()))
         cpu, t0 = time.thread_time(), time.monotonic()
         assert await c.fetch([Q], 10, 1.0) == []
         return sent, time.thread_time() - cpu, time.monotonic() - t0
@@ -189,17 +192,18 @@ def test_a_lost_fetch_reply_is_noticed_and_its_messages_given_back(
     async def scenario() -> list[Delivery]:
         c = make()
         await c.connect("c1")
-        client = c.conn.aclient()
-        real, armed = client.evalsha, [True]
+        lane = await c.conn._async_lane()
+        assert lane is not None
+        real, armed = lane.evalsha, [True]
 
-        async def reply_lost(sha: str, *args: Any) -> Any:
-            result = await real(sha, *args)
+        async def reply_lost(sha: str, source: str, args: Any) -> Any:
+            result = await real(sha, source, args)
             if sha == fetch_sha and armed:
                 armed.clear()
                 raise redis.ConnectionError("connection reset by peer (test)")
             return result
 
-        client.evalsha = reply_lost  # type: ignore[method-assign]
+        lane.evalsha = reply_lost  # type: ignore[method-assign]
         first = await c.fetch([Q], 3, 1.0)  # the retry's batch: id-3..5
         rest = await c.fetch([Q], 10, 1.0)  # id-0..2, given back by this call
         await c.ack(first + rest)

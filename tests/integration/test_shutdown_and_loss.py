@@ -32,11 +32,13 @@ POOL_IDS = ["solo", "prefork"]
 def test_warm_shutdown_finishes_running_task_and_gives_back_prefetched(
         app: Celeriac, tmp_path: Path, start_worker: Callable[..., WorkerProcess],
         how: str, pool: tuple[str, ...]) -> None:
-    w = start_worker(*pool)
     marker = tmp_path / "started"
     running = t.sleep.delay(1.0, str(marker))
-    wait_until(marker.exists, 10, message="task started")
+    # Queued before the worker starts, so its first fetch takes all four (prefetch 4); a
+    # worker that is already holding messages refetches only at its low-water mark.
     queued = [t.add.delay(i, 1) for i in range(3)]
+    w = start_worker(*pool)
+    wait_until(marker.exists, 10, message="task started")
     wait_until(lambda: _owned(app) == 4, 5, message="worker prefetched the rest")
     if how == "sigterm":
         w.signal(signal.SIGTERM)

@@ -92,10 +92,12 @@ def test_warm_stop_gives_back_prefetched(memory_app: Celeriac) -> None:
     @memory_app.task
     def quick() -> None: ...
 
-    w = ThreadedWorker(memory_app).start()
+    # Queued before the worker starts: its first fetch takes all four (prefetch 4); a
+    # worker already holding messages refetches only at its low-water mark (2).
     blocker.delay()
     for _ in range(3):
         quick.delay()
+    w = ThreadedWorker(memory_app).start()
     wait_until(lambda: len(w.worker.consumer.reserved) == 3, 5)
     stopper = threading.Thread(target=w.stop)
     stopper.start()

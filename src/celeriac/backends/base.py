@@ -6,6 +6,9 @@ A stored result is the serialized mapping Celery uses::
 
 where a failure's ``result`` is ``{"exc_type", "exc_module", "exc_message"}``.
 Backends store opaque bytes plus the content type; encoding and decoding happen here.
+``encode`` and ``store_many`` split a store in two, so that the process that ran a task
+encodes its result and the worker's main process stores the results of many tasks in one
+round trip (then acknowledges their messages).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
 from .. import serialization, states
@@ -39,6 +42,16 @@ class ResultMeta:
         return self.state in states.READY_STATES
 
 
+class Stored(NamedTuple):
+    """A result encoded for storage: what ``store_many`` writes."""
+
+    task_id: str
+    content_type: str
+    data: bytes
+    expires_at: float | None
+    """Unix time, or None: never expires."""
+
+
 def exception_to_dict(exc: BaseException) -> dict[str, Any]:
     cls = type(exc)
     message: Any = list(exc.args) if _jsonable(exc.args) else [str(exc)]
@@ -59,6 +72,9 @@ class ResultBackend(abc.ABC):
     scheme: ClassVar[str]
     process_local: ClassVar[bool] = False
     """True when results live in one process's memory (pool children relay to it)."""
+    network: ClassVar[bool] = True
+    """True when a store waits on the network: the worker's event loop hands it to a
+    thread rather than stall on it (heartbeats must go on while a server is slow)."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
@@ -88,9 +104,21 @@ class ResultBackend(abc.ABC):
     def close(self) -> None:
         """Release connections held by this process."""
 
+    def store_many(self, items: Sequence[Stored]) -> None:
+        """Store encoded results (``encode``); on return every one of them is stored.
+
+        Backends override this to write a batch in one round trip or transaction."""
+        for item in items:
+            self._put(*item)
+
     # -- shared logic -------------------------------------------------------------------
     def store(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
               retries: int = 0) -> None:
+        self._put(*self.encode(task_id, state, result, traceback=traceback, retries=retries))
+
+    def encode(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
+               retries: int = 0) -> Stored:
+        """The result as ``store`` would write it, for ``store_many`` (here or elsewhere)."""
         if isinstance(result, BaseException):
             result = exception_to_dict(result)
         meta = {
@@ -108,7 +136,7 @@ class ResultBackend(abc.ABC):
                               "exc_message": [f"cannot store result: {exc}"]}
             content_type, data = serialization.dumps(meta, self.settings.result_serializer)
         expires = self.settings.result_expires
-        self._put(task_id, content_type, data, time.time() + expires if expires else None)
+        return Stored(task_id, content_type, data, time.time() + expires if expires else None)
 
     def get(self, task_id: str) -> ResultMeta | None:
         return self.get_many([task_id]).get(task_id)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .base import ResultBackend
+from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -36,6 +36,7 @@ _LOCK = threading.Lock()
 class MemoryBackend(ResultBackend):
     scheme = "memory"
     process_local = True
+    network = False
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -45,10 +46,14 @@ class MemoryBackend(ResultBackend):
 
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
+        self.store_many([Stored(task_id, content_type, data, expires_at)])
+
+    def store_many(self, items: Sequence[Stored]) -> None:
         s = self._s
         with s.changed:
-            s.results[task_id] = (content_type, data, expires_at)
-            s.log.append(task_id)
+            for task_id, content_type, data, expires_at in items:
+                s.results[task_id] = (content_type, data, expires_at)
+                s.log.append(task_id)
             if len(s.log) > _LOG_LIMIT:
                 drop = len(s.log) // 2
                 del s.log[:drop]

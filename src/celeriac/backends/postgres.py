@@ -43,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
-from .base import ResultBackend
+from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -313,15 +313,27 @@ class PostgresBackend(ResultBackend):
     # -- the backend ------------------------------------------------------------------
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
+        self.store_many([Stored(task_id, content_type, data, expires_at)])
+
+    def store_many(self, items: Sequence[Stored]) -> None:
+        if not items:
+            return
+        # The payload is informative only (waiters read the change feed): the one id of a
+        # single store, nothing for a batch.
+        task_id = items[0].task_id if len(items) == 1 else ""
         payload = task_id if len(task_id.encode()) <= MAX_PAYLOAD else ""
+        # Sorted: two batches upserting the same ids in different orders could deadlock
+        # (the advisory lock makes that moot today, but the order costs nothing).
+        rows = sorted({item.task_id: item for item in items}.values())
 
         def op(conn: Conn) -> None:
-            # Pipelined: lock, upsert, notify and commit travel in one round trip, so the
+            # Pipelined: lock, upserts, notify and commit travel in one round trip, so the
             # lock is held only for the server's work.
             with conn.pipeline() if self._pipeline else contextlib.nullcontext(), \
                     conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
-                conn.execute(self._q_upsert, (task_id, content_type, data, expires_at))
+                with conn.cursor() as cur:
+                    cur.executemany(self._q_upsert, rows)
                 conn.execute("SELECT pg_notify(%s, %s)", (self.table, payload))
 
         self._run(op)

@@ -6,7 +6,8 @@ Keys (``<ns>`` is the URL's ``?namespace=``, default ``celeriac``)::
                                PX result_expires (no expiry when it is None)
     <ns>:expiring      zset    task id -> expiry (unix s), only so that cleanup() can say
                                how many results expired; Redis itself deletes the values
-    <ns>:changes       stream  one entry {t: task_id} per store, MAXLEN ~ FEED_LENGTH
+    <ns>:changes       stream  one entry {t: task_id} per store (or {t0: id, t1: id, ...}
+                               per batch the worker stores), MAXLEN ~ FEED_LENGTH
 
 A store is one MULTI/EXEC round trip (value, expiry index, change entry), so a reader
 that sees the change entry sees the value. ``wait_for`` reads only the change entries
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .._redis import Connector
-from .base import ResultBackend
+from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     import redis
@@ -51,20 +52,26 @@ class RedisBackend(ResultBackend):
 
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
-        value = content_type.encode() + b"\n" + data
+        self.store_many([Stored(task_id, content_type, data, expires_at)])
+
+    def store_many(self, items: Sequence[Stored]) -> None:
+        if not items:
+            return
 
         def store(client: redis.Redis, ns: str) -> None:
+            now = time.time()
             with client.pipeline(transaction=True) as pipe:
-                key = f"{ns}:r:{task_id}"
-                if expires_at is None:
-                    pipe.set(key, value)
-                    pipe.zrem(f"{ns}:expiring", task_id)
-                else:
-                    # Relative to now, so the client's and the server's clocks need not agree.
-                    pipe.set(key, value, px=max(1, math.ceil((expires_at - time.time()) * 1000)))
-                    pipe.zadd(f"{ns}:expiring", {task_id: expires_at})
-                pipe.xadd(f"{ns}:changes", {"t": task_id}, maxlen=FEED_LENGTH,
-                          approximate=True)
+                for task_id, content_type, data, expires_at in items:
+                    key = f"{ns}:r:{task_id}"
+                    value = encode_value(content_type, data)
+                    if expires_at is None:
+                        pipe.set(key, value)
+                        pipe.zrem(f"{ns}:expiring", task_id)
+                    else:
+                        pipe.set(key, value, px=expiry_ms(expires_at, now))
+                        pipe.zadd(f"{ns}:expiring", {task_id: expires_at})
+                    pipe.xadd(f"{ns}:changes", {"t": task_id}, maxlen=FEED_LENGTH,
+                              approximate=True)
                 pipe.execute()
 
         self.conn.call(store)
@@ -104,7 +111,9 @@ class RedisBackend(ResultBackend):
             # entries after it may be gone too: ask the caller to rescan instead.
             if length >= FEED_LENGTH and first and _pack(first[0][0].decode()) > cursor:
                 return None
-            written += [fields[b"t"].decode() for _, fields in entries]
+            # An entry holds one id (t) or, from the worker's exchange script, several
+            # (t0, t1, ...).
+            written += [v.decode() for _, fields in entries for v in fields.values()]
             if entries:
                 start = entries[-1][0].decode()
             if len(entries) < _PAGE:
@@ -142,6 +151,16 @@ class RedisBackend(ResultBackend):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def encode_value(content_type: str, data: bytes) -> bytes:
+    """A result as its key holds it (the transport's ``exchange`` script writes it too)."""
+    return content_type.encode() + b"\n" + data
+
+
+def expiry_ms(expires_at: float, now: float) -> int:
+    # Relative to now, so the client's and the server's clocks need not agree.
+    return max(1, math.ceil((expires_at - now) * 1000))
 
 
 def _read_feed(client: redis.Redis, ns: str, start: str) -> list[Any]:

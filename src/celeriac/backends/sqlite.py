@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._sqlite import Database, Doorbell, Listener, path_from_url
-from .base import ResultBackend
+from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -40,6 +40,7 @@ CREATE INDEX IF NOT EXISTS results_expires ON results (expires) WHERE expires IS
 
 class SQLiteBackend(ResultBackend):
     scheme = "sqlite"
+    network = False
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -61,10 +62,16 @@ class SQLiteBackend(ResultBackend):
 
     def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
              ) -> None:
+        self.store_many([Stored(task_id, content_type, data, expires_at)])
+
+    def store_many(self, items: Sequence[Stored]) -> None:
+        if not items:
+            return
+        # One transaction and one ring for the batch.
         with self.db.transaction() as conn:
-            conn.execute(
+            conn.executemany(
                 "INSERT OR REPLACE INTO results (task_id, content_type, data, expires)"
-                " VALUES (?, ?, ?, ?)", (task_id, content_type, data, expires_at),
+                " VALUES (?, ?, ?, ?)", items,
             )
         self.bell.ring()
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .._redis import Connector
+from ..backends.redis import RedisBackend, encode_value, expiry_ms
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import DeadLetter, Outgoing, Subscription, Transport
@@ -37,6 +38,7 @@ from .base import DeadLetter, Outgoing, Subscription, Transport
 if TYPE_CHECKING:
     import redis.asyncio as aredis
 
+    from ..backends.base import ResultBackend, Stored
     from ..settings import Settings
 
 logger = logging.getLogger("celeriac.transports.redis")
@@ -114,13 +116,8 @@ class RedisTransport(Transport):
                 if self.conn.async_failures != failures:
                     self._suspect = True
             wait_ms = int(reply[0])
-            deliveries = [
-                Delivery(_message(reply[i + 3], reply[i + 4]), reply[i + 1].decode(),
-                         reply[i].decode(), int(reply[i + 2]))
-                for i in range(1, len(reply), 5)
-            ]
+            deliveries = self._deliveries(reply)
             if deliveries:
-                self._held.update(d.tag for d in deliveries)
                 return deliveries
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -131,6 +128,65 @@ class RedisTransport(Transport):
             # Whole milliseconds, rounded up: Redis truncates, and a wait that ended a
             # hair early would cost another round of fetch and BLPOP.
             await self._sleep(me, max(math.ceil(wait * 1000), 1) / 1000)
+
+    def _deliveries(self, reply: list[Any]) -> list[Delivery]:
+        """The messages of a fetch reply (``fetch_ready`` in common.lua), now held."""
+        deliveries = [
+            Delivery(_message(reply[i + 3], reply[i + 4]), reply[i + 1].decode(),
+                     reply[i].decode(), int(reply[i + 2]))
+            for i in range(1, len(reply), 5)
+        ]
+        self._held.update(d.tag for d in deliveries)
+        return deliveries
+
+    def results_namespace(self, backend: ResultBackend) -> str | None:
+        """The namespace of ``backend`` when it keeps its results on this broker's server
+        and database, so that ``exchange`` can store them; else None."""
+        if not isinstance(backend, RedisBackend):
+            return None
+        theirs = backend.conn.endpoint
+        return theirs.namespace if theirs.url == self.conn.endpoint.url else None
+
+    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+                       results_namespace: str | None, queues: Sequence[str], limit: int
+                       ) -> list[Delivery]:
+        """Store ``results`` (in the result backend's layout, under ``results_namespace``,
+        from ``results_namespace()``), ack ``acks``, then fetch up to ``limit`` ready
+        messages without waiting: the worker's hot path as one script (exchange.lua)."""
+        me = self._me()
+        names = list(dict.fromkeys(queues)) if limit > 0 else []
+        if names and self._suspect:
+            await self._reconcile(me, counted=False)
+        tags = [d.tag for d in acks]
+        batch = list(dict.fromkeys([*tags, *self._unacked])) if self._unacked else tags
+        if not (batch or results or names):
+            return []
+        if results and results_namespace is None:
+            raise ValueError("exchange: results need the result backend's namespace")
+        args: list[Any] = [me, self._lease_ms(), limit if names else 0,
+                           results_namespace or "", len(results), len(batch)]
+        now = time.time()
+        for task_id, content_type, data, expires_at in results:
+            args += [task_id, encode_value(content_type, data),
+                     0 if expires_at is None else expiry_ms(expires_at, now),
+                     0 if expires_at is None else expires_at]
+        args += batch
+        args += names
+        failures = self.conn.async_failures
+        try:
+            reply = await self.conn.arun("exchange", args)
+        except BaseException:
+            # The script may have run and its reply been lost: what it fetched is ours
+            # in Redis; the next fetch gives it back. Its acks are retried by the caller.
+            if names:
+                self._suspect = True
+            raise
+        finally:
+            if names and self.conn.async_failures != failures:
+                self._suspect = True
+        self._unacked.clear()
+        self._held.difference_update(batch)
+        return self._deliveries(reply)
 
     async def _sleep(self, me: str, seconds: float) -> None:
         """Until a token arrives on our wake list, or ``seconds`` pass."""

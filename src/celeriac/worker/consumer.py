@@ -1,9 +1,20 @@
-"""The Consumer: takes messages from the broker and feeds them to the pool.
+"""The Consumer: takes messages from the broker, feeds them to the pool, settles them.
 
-It keeps at most ``prefetch_limit`` messages in hand (running + reserved). It reads only
-headers: a message that is malformed, for an unknown task, expired, or lost too many
-times is settled here without ever reaching the pool. Acks from completed jobs are
-batched: every completion in one loop iteration goes out in one transport call.
+It keeps at most ``prefetch_limit`` messages in hand (reserved + running) and fetches
+again only once that drops to half (the low-water mark), so that a fetch brings a batch
+rather than one message per freed slot. It reads only headers: a message that is
+malformed, for an unknown task, expired, or lost too many times is settled here without
+ever reaching the pool.
+
+One coroutine, the pump, makes the broker calls of the hot path, one at a time: it stores
+the results of finished tasks, acknowledges their messages and fetches more, all in one
+exchange (one script on Redis when the results live on the broker's server). While an
+exchange is in flight, completions gather for the next one, so batches grow with the load
+and a lone task is settled at once. When the queues are empty, a sleeper (a blocking
+fetch) waits in the broker for the next message while the pump goes on settling.
+
+Ordering: a result is stored before, or in the same script as, its message's ack; a
+crash in between redelivers the task rather than losing its result.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import states
@@ -21,6 +33,7 @@ from ..protocol import Delivery, parse_time, utcnow, validate_headers
 from .execute import Job, Outcome
 
 if TYPE_CHECKING:
+    from ..backends.base import Stored
     from ..transports.base import Transport
     from . import Worker
     from .pool.base import Pool
@@ -28,6 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celeriac.worker.consumer")
 
 FETCH_TIMEOUT = 1.0
+"""Longest wait of one blocking fetch; the sleeper then asks again."""
 
 
 def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
@@ -43,12 +57,29 @@ class Consumer:
         self.pool = pool
         self.queues = worker.queues
         self.reserved: deque[Job] = deque()
-        self.deliveries: dict[int, Delivery] = {}  # job id -> delivery, until settled
+        self.deliveries: dict[int, Delivery] = {}
+        """Job id -> delivery, for the messages in hand: reserved or running."""
         self._next_job = 0
-        self._to_ack: list[Delivery] = []
-        self._capacity = asyncio.Event()
+        self._acks: list[Delivery] = []
+        self._results: list[Stored] = []
+        self._after: list[tuple[Delivery, str]] = []
+        """Dead letters that wait for their result to be stored first."""
+        self._wake = asyncio.Event()
+        self._quiet = asyncio.Event()
+        """Set while no exchange is in flight."""
+        self._quiet.set()
         self._pending: set[asyncio.Task[Any]] = set()
-        self._fetcher: asyncio.Task[None] | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._sleeper: asyncio.Task[None] | None = None
+        self._fetching = False
+        self._drained = False
+        """The last fetch came back short: the next one waits in the broker (sleeper)."""
+        self._closing = False
+        self._failures = 0
+        self._executor: ThreadPoolExecutor | None = None
+        # The transport's combined call (Redis), and where it can store results, if any.
+        self._combined = getattr(transport, "exchange", None)
+        self._colocated = getattr(transport, "results_namespace", None)
         self.processed = 0
 
     @property
@@ -60,13 +91,17 @@ class Consumer:
     def start(self) -> None:
         self.pool.on_ready = self._dispatch
         self.loop = asyncio.get_running_loop()
-        self._fetcher = self.loop.create_task(self._fetch_loop())
+        self._fetching = True
+        self._pump = self.loop.create_task(self._run_pump())
 
     async def stop_fetching(self) -> None:
-        if self._fetcher is not None:
-            self._fetcher.cancel()
-            await asyncio.gather(self._fetcher, return_exceptions=True)
-            self._fetcher = None
+        """Fetch no more. On return, every message fetched is in ``reserved`` or running."""
+        self._fetching = False
+        if self._sleeper is not None:
+            self._sleeper.cancel()
+            await asyncio.gather(self._sleeper, return_exceptions=True)
+        # An exchange in flight may bring messages: they must land before a give-back.
+        await self._quiet.wait()
 
     async def give_back_reserved(self) -> int:
         """Return prefetched messages that never started; their delivery is not counted."""
@@ -78,42 +113,144 @@ class Consumer:
         return len(jobs)
 
     async def flush(self) -> None:
-        self._flush_acks()
+        """Settle what finished (results, acks), then stop the pump."""
+        self._closing = True
+        self._wake.set()
+        if self._pump is not None:
+            await asyncio.gather(self._pump, return_exceptions=True)
+            self._pump = None
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
 
-    # -- fetching -----------------------------------------------------------------------
-    async def _fetch_loop(self) -> None:
-        failures = 0
+    # -- the pump -------------------------------------------------------------------------
+    def _want(self) -> int:
+        """How many messages to fetch now: 0 above the low-water mark."""
+        if not self._fetching or self._sleeper is not None:
+            return 0
+        limit = self.prefetch_limit
+        in_hand = len(self.deliveries)
+        return limit - in_hand if in_hand <= limit // 2 else 0
+
+    async def _run_pump(self) -> None:
         while True:
-            budget = self.prefetch_limit - len(self.deliveries)
-            if budget <= 0:
-                self._capacity.clear()
-                await self._capacity.wait()
+            limit = self._want()
+            if limit and self._drained:
+                self._sleeper = self.loop.create_task(self._sleep(limit))
+                limit = 0
+            acks, results, after = self._acks, self._results, self._after
+            if not (acks or results or after or limit):
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
                 continue
+            self._acks, self._results, self._after = [], [], []
+            self._quiet.clear()
             try:
-                batch = await self.transport.fetch(self.queues, budget, FETCH_TIMEOUT)
+                batch = await self._exchange(acks, results, limit)
+            except asyncio.CancelledError:
+                self._put_back(acks, results, after)
+                raise
+            except Exception as exc:
+                if self._closing:
+                    logger.error("could not settle %d message(s) and store %d result(s) "
+                                 "before stopping (%s: %s); the broker will redeliver them",
+                                 len(acks) + len(after), len(results), type(exc).__name__,
+                                 exc)
+                    return
+                self._put_back(acks, results, after)
+                await self._failed("storing results and settling messages", exc)
+                continue
+            finally:
+                self._quiet.set()
+            self._restored()
+            for delivery, reason in after:
+                self._spawn(self.transport.dead_letter(delivery, reason))
+            if limit:
+                self._drained = len(batch) < limit
+            if batch:
+                self._ingest(batch)
+
+    async def _exchange(self, acks: list[Delivery], results: list[Stored], limit: int
+                        ) -> list[Delivery]:
+        combined = self._combined
+        namespace = None
+        if results and self._colocated is not None:
+            namespace = self._colocated(self.app.backend)
+        if results and namespace is None:
+            await self._store(results)
+            results = []
+        if combined is not None:
+            if not (acks or results or limit):
+                return []
+            batch: list[Delivery] = await combined(acks, results, namespace, self.queues, limit)
+            return batch
+        if acks:
+            await self.transport.ack(acks)
+        return await self.transport.fetch(self.queues, limit, 0.0) if limit else []
+
+    async def _store(self, results: list[Stored]) -> None:
+        backend = self.app.backend
+        if not backend.network:
+            backend.store_many(results)
+            return
+        # A thread, so that a slow result server cannot stall heartbeats and acks.
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="celeriac-results")
+        await self.loop.run_in_executor(self._executor, backend.store_many, results)
+
+    def _put_back(self, acks: list[Delivery], results: list[Stored],
+                  after: list[tuple[Delivery, str]]) -> None:
+        # In front of what came meanwhile: the next exchange retries them (a repeat is
+        # harmless: stores overwrite, acks of settled messages are no-ops).
+        self._acks[:0] = acks
+        self._results[:0] = results
+        self._after[:0] = after
+
+    async def _sleep(self, limit: int) -> None:
+        """Wait in the broker for messages (the queues were empty when last fetched)."""
+        try:
+            try:
+                batch = await self.transport.fetch(self.queues, limit, FETCH_TIMEOUT)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # The broker went away: back off (exponential, with jitter so a fleet of
-                # workers does not reconnect in lockstep) and try again, for as long as
-                # the worker runs. Messages in hand keep running; their acks may fail
-                # and the broker redelivers them (at least once).
-                failures += 1
-                delay = backoff(failures)
-                logger.error("fetching from the broker failed (%s: %s); retry %d in %.1fs",
-                             type(exc).__name__, exc, failures, delay)
-                await asyncio.sleep(delay)
-                continue
-            if failures:
-                logger.warning("broker connection restored after %d failed attempt(s)",
-                               failures)
-                failures = 0
-            for delivery in batch:
-                self._on_delivery(delivery)
-            self._dispatch()
+                # Still the sleeper while it backs off: no second one starts meanwhile.
+                await self._failed("fetching from the broker", exc)
+                return
+            self._restored()
+            self._drained = len(batch) < limit
+            if batch:
+                self._ingest(batch)
+        finally:
+            self._sleeper = None
+            self._wake.set()
 
+    async def _failed(self, doing: str, exc: Exception) -> None:
+        # The broker (or result store) went away: back off (exponential, with jitter so a
+        # fleet of workers does not reconnect in lockstep) and try again, for as long as
+        # the worker runs. Messages in hand keep running; what they finish waits.
+        self._failures += 1
+        delay = backoff(self._failures)
+        logger.error("%s failed (%s: %s); retry %d in %.1fs", doing, type(exc).__name__,
+                     exc, self._failures, delay)
+        await asyncio.sleep(delay)
+
+    def _restored(self) -> None:
+        if self._failures:
+            logger.warning("broker connection restored after %d failed attempt(s)",
+                           self._failures)
+            self._failures = 0
+
+    def _ingest(self, batch: list[Delivery]) -> None:
+        for delivery in batch:
+            self._on_delivery(delivery)
+        self._dispatch()
+
+    # -- arrival ------------------------------------------------------------------------
     def _on_delivery(self, d: Delivery) -> None:
         headers = d.message.headers
         reason = validate_headers(headers)
@@ -127,21 +264,26 @@ class Consumer:
             reason = (f"delivered {d.delivery_count} times; the worker running it was lost "
                       f"{losses} times (task_max_deliveries="
                       f"{self.app.settings.task_max_deliveries})")
-            self._store(task_id, states.FAILURE, WorkerLostError(reason))
-            return self._dead_letter(d, reason, task_id)
+            logger.error("dead-lettered message %s from queue %r: %s", task_id, d.queue,
+                         reason)
+            self._result(task_id, states.FAILURE, WorkerLostError(reason))
+            self._after.append((d, reason))
+            return self._wake.set()
         now = utcnow()
         expires = parse_time(headers.get("expires"))
         if expires is not None and expires <= now:
             logger.info("Task %s[%s] expired at %s; revoked", name, task_id, expires)
-            self._store(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
-                        "exc_module": "celeriac.errors", "exc_message": ["expired"]})
-            return self._settle(d, self.transport.ack([d]))
+            self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
+                         "exc_module": "celeriac.errors", "exc_message": ["expired"]})
+            self._acks.append(d)
+            return self._wake.set()
         eta = parse_time(headers.get("eta"))
         if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
             # A producer that sets eta without using the broker's delay store (a Celery
             # client): park it in the store rather than in this worker's memory.
             self.transport.publish(d.queue, d.message, delay=delay)
-            return self._settle(d, self.transport.ack([d]))
+            self._acks.append(d)
+            return self._wake.set()
         self._next_job += 1
         job = Job(self._next_job, headers, d.message.body, d.message.content_type, d.queue,
                   d.delivery_count, self.worker.hostname)
@@ -155,46 +297,40 @@ class Consumer:
             task = self.app.tasks[job.headers["task"]]
             if not task.acks_late:
                 # At-most-once: the message is gone before the task runs.
-                self._to_ack.append(self.deliveries[job.id])
-                self._schedule_flush()
+                self._acks.append(self.deliveries[job.id])
+                self._wake.set()
             self.pool.submit(job)
 
     # -- completion ---------------------------------------------------------------------
     def on_job_done(self, job: Job, outcome: Outcome) -> None:
         self.processed += 1
         delivery = self.deliveries.pop(job.id, None)
-        task = self.app.tasks.get(job.headers["task"])
+        if outcome.stored is not None:
+            self._results.append(outcome.stored)
         if delivery is not None:
-            if outcome.action == "dead_letter":
-                self._dead_letter(delivery, outcome.reason or "rejected",
-                                  job.headers["id"], log=False)
-            elif outcome.action == "requeue":
+            action = outcome.action
+            if action == "ack":
+                task = self.app.tasks.get(job.headers["task"])
+                if task is None or task.acks_late:
+                    self._acks.append(delivery)
+            elif action == "dead_letter":
+                self._after.append((delivery, outcome.reason or "rejected"))
+            else:
                 self._spawn(self.transport.requeue([delivery], redelivered=True))
-            elif task is None or task.acks_late:
-                self._to_ack.append(delivery)
-                self._schedule_flush()
         self._dispatch()
-        self._capacity.set()
+        self._wake.set()
 
-    def _schedule_flush(self) -> None:
-        if len(self._to_ack) == 1:
-            self.loop.call_soon(self._flush_acks)
+    def _result(self, task_id: str, state: str, result: Any) -> None:
+        try:
+            self._results.append(self.app.backend.encode(task_id, state, result))
+        except Exception:
+            logger.exception("Task [%s] could not store state %s", task_id, state)
 
-    def _flush_acks(self) -> None:
-        if self._to_ack:
-            batch, self._to_ack = self._to_ack, []
-            self._spawn(self.transport.ack(batch))
-
-    def _dead_letter(self, d: Delivery, reason: str, task_id: str | None = None,
-                     log: bool = True) -> None:
-        if log:
-            logger.error("dead-lettered message %s from queue %r: %s",
-                         task_id or "(no id)", d.queue, reason)
-        self._settle(d, self.transport.dead_letter(d, reason))
-
-    def _settle(self, d: Delivery, op: Coroutine[Any, Any, None]) -> None:
-        self._spawn(op)
-        self._capacity.set()
+    def _dead_letter(self, d: Delivery, reason: str, task_id: str | None = None) -> None:
+        logger.error("dead-lettered message %s from queue %r: %s", task_id or "(no id)",
+                     d.queue, reason)
+        self._spawn(self.transport.dead_letter(d, reason))
+        self._wake.set()
 
     def _spawn(self, op: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(op)
@@ -205,9 +341,3 @@ class Consumer:
         self._pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("broker operation failed", exc_info=task.exception())
-
-    def _store(self, task_id: str, state: str, result: Any) -> None:
-        try:
-            self.app.backend.store(task_id, state, result)
-        except Exception:
-            logger.exception("Task [%s] could not store state %s", task_id, state)

@@ -1,8 +1,11 @@
 """Running one task message in the process that executes it (solo thread or pool child).
 
-``execute`` decodes the body, runs the task, stores its result, and returns an
-``Outcome`` that tells the worker's main process what to do with the message. It never
-raises for anything a task or a message can do; only shutdown requests propagate.
+``execute`` decodes the body, runs the task, encodes its result, and returns an
+``Outcome`` that tells the worker's main process what to do with the message and what
+result to store. The main process stores the results of many tasks at once and only then
+acknowledges their messages: a crash in between redelivers a task, never loses its
+result. It never raises for anything a task or a message can do; only shutdown requests
+propagate.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import serialization, states
+from ..backends.base import Stored
 from ..errors import DecodeError, Ignore, Reject, Retry
 from ..protocol import decode_body
 from ..tasks import Request
@@ -26,8 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celeriac.worker.execute")
 
 Action = Literal["ack", "requeue", "dead_letter"]
-Result = tuple[Action, str | None, str | None, float]
-"""An ``Outcome``'s fields without the object: (action, state, reason, runtime)."""
+Result = tuple[Action, str | None, str | None, float, Stored | None]
+"""An ``Outcome``'s fields without the object: (action, state, reason, runtime, stored)."""
 
 
 def _slot_setters(cls: type, names: str) -> tuple[Callable[[Any, Any], None], ...]:
@@ -76,19 +80,20 @@ class Outcome:
     state: str | None = None
     reason: str | None = None
     runtime: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    stored: Stored | None = None
+    """The result to store before the message is settled; None: nothing to store."""
 
     def __init__(self, action: Action, state: str | None = None, reason: str | None = None,
-                 runtime: float = 0.0, extra: dict[str, Any] | None = None) -> None:
-        set_action, set_state, set_reason, set_runtime, set_extra = _OUTCOME_SETTERS
+                 runtime: float = 0.0, stored: Stored | None = None) -> None:
+        set_action, set_state, set_reason, set_runtime, set_stored = _OUTCOME_SETTERS
         set_action(self, action)
         set_state(self, state)
         set_reason(self, reason)
         set_runtime(self, runtime)
-        set_extra(self, {} if extra is None else extra)
+        set_stored(self, stored)
 
 
-_OUTCOME_SETTERS = _slot_setters(Outcome, "action state reason runtime extra")
+_OUTCOME_SETTERS = _slot_setters(Outcome, "action state reason runtime stored")
 
 
 def execute(app: Celeriac, job: Job) -> Outcome:
@@ -111,7 +116,7 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         args, kwargs, _embed = decode_body(serialization.loads(body, content_type, accept))
     except DecodeError as exc:
         logger.error("Task %s[%s] dead-lettered: %s", task.name, task_id, exc)
-        return "dead_letter", None, str(exc), 0.0
+        return "dead_letter", None, str(exc), 0.0, None
 
     limits = headers.get("timelimit") or (None, None)
     # Positional: with sixteen keyword arguments the call costs 0.4 us more per task.
@@ -135,14 +140,15 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
 
     state, retval, action, reason = _run(task, request, args, kwargs)
     runtime = time.monotonic() - started
+    stored = None
     if backend is not None and state is not None:
         tb = (traceback.format_exception(retval) if isinstance(retval, BaseException) else None)
-        backend.store(task_id, state, retval, traceback="".join(tb) if tb else None,
-                      retries=request.retries)
+        stored = backend.encode(task_id, state, retval, traceback="".join(tb) if tb else None,
+                                retries=request.retries)
     if hooks:
         hooks.call("after_task", request, state, retval)
     _log(task.name, task_id, state, retval, runtime)
-    return action, state, reason, runtime
+    return action, state, reason, runtime, stored
 
 
 _REQUEST_FIELDS = ("id", "task", "args", "kwargs", "retries", "eta", "expires", "root_id",

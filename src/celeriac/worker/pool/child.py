@@ -20,8 +20,6 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from ...backends.base import ResultBackend, backend_class
 from ...errors import SoftTimeLimitExceeded
 from ...protocol import Delivery, Message
@@ -66,12 +64,19 @@ def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
             return 0
         meta, body = pipes.split_blob(payload)
         job_id, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
-        action, state, reason, runtime = _run(app, headers, body, content_type, queue,
-                                              delivery_count, hostname, soft_limit)
+        action, state, reason, runtime, stored = _run(
+            app, headers, body, content_type, queue, delivery_count, hostname, soft_limit)
         done_tasks += 1
         retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
-        pipes.write_all(result_w, pipes.frame(pipes.DONE, orjson.dumps(
-            (job_id, action, state, reason, runtime, retire))))
+        # The result travels with DONE: the parent stores it (batched with other
+        # children's) before it acknowledges the message.
+        if stored is None:
+            meta = (job_id, action, state, reason, runtime, retire)
+            pipes.write_all(result_w, pipes.frame_with_blob(pipes.DONE, meta, b""))
+        else:
+            meta = (job_id, action, state, reason, runtime, retire, stored.content_type,
+                    stored.expires_at)
+            pipes.write_all(result_w, pipes.frame_with_blob(pipes.DONE, meta, stored.data))
         if retire:
             return 0
         if os.getppid() != parent:
@@ -86,7 +91,7 @@ def _run(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str,
         return execute_message(app, headers, body, content_type, queue, delivery_count,
                                hostname)
     except SoftTimeLimitExceeded as exc:  # fired outside the task body (rare)
-        return "ack", None, repr(exc), 0.0
+        return "ack", None, repr(exc), 0.0, None
     finally:
         if soft_limit:
             signal.setitimer(signal.ITIMER_REAL, 0)

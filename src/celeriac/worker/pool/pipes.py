@@ -32,7 +32,8 @@ JOB = 1  # frame_with_blob: [job id, headers, content_type, queue, delivery_coun
 STOP = 2
 # Child -> parent
 UP = 10
-DONE = 11  # JSON [job id, action, state, reason, runtime, retire]
+DONE = 11  # frame_with_blob: [job id, action, state, reason, runtime, retire] and, with a
+#           result to store, [..., content_type, expires_at] + the encoded result
 RELAY_RESULT = 12  # a result for a backend that lives in the parent's memory:
 #                    frame_with_blob, [task_id, content_type, expires_at] + the result
 RELAY_PUBLISH = 13  # a message for a transport that lives in the parent's memory

@@ -21,9 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import orjson
-
 from ... import states
+from ...backends.base import Stored
 from ...errors import TimeLimitExceeded, WorkerLostError
 from ...protocol import Message
 from ..execute import Job, Outcome
@@ -199,10 +198,12 @@ class PreforkPool(Pool):
                 self.app.transport.publish(meta["queue"], message, delay=meta["delay"])
 
     def _on_done_frame(self, proc: ChildProc, payload: bytes) -> None:
-        job_id, action, state, reason, runtime, retire = orjson.loads(payload)
+        meta, data = pipes.split_blob(payload)
+        job_id, action, state, reason, runtime, retire = meta[:6]
         job = proc.job
         if job is None or job.id != job_id:
             return  # already settled (hard time limit fired as it finished)
+        stored = Stored(job.headers["id"], meta[6], data, meta[7]) if len(meta) > 6 else None
         if retire:
             proc.retiring = True  # the child exits by itself
             logger.info("child %d recycled (max tasks or memory per child)", proc.pid)
@@ -211,7 +212,7 @@ class PreforkPool(Pool):
         self._finish(proc)
         # The slot that opened is reported by on_done (the consumer dispatches from
         # there); on_ready is only for slots that open otherwise.
-        self.on_done(job, Outcome(action, state, reason, runtime))
+        self.on_done(job, Outcome(action, state, reason, runtime, stored))
 
     def _finish(self, proc: ChildProc) -> None:
         """``proc`` no longer runs its job (done, timed out or lost)."""
@@ -231,10 +232,10 @@ class PreforkPool(Pool):
         name, task_id = job.headers["task"], job.headers["id"]
         logger.error("Task %s[%s] hard time limit (%ss) exceeded; killing child %d",
                      name, task_id, limit, proc.pid)
-        self._store_failure(job, TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
+        stored = self._failure(job, TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
         self._kill(proc, "hard time limit")
         self._finish(proc)
-        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit"))
+        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit", stored=stored))
 
     def on_child_exit(self, proc: ChildProc, status: int) -> None:
         """Called by the supervisor once ``proc`` has been reaped."""
@@ -268,17 +269,15 @@ class PreforkPool(Pool):
         reason = (f"{how} (delivery {job.delivery_count} of {limit})" if acks_late
                   else f"{how}; acks_late=False, not redelivered")
         logger.error("Task %s[%s] failed: WorkerLostError: %s", name, task_id, reason)
-        self._store_failure(job, WorkerLostError(reason))
-        return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason)
+        return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason,
+                       stored=self._failure(job, WorkerLostError(reason)))
 
-    def _store_failure(self, job: Job, exc: BaseException) -> None:
+    def _failure(self, job: Job, exc: BaseException) -> Stored | None:
+        """The failure to store for ``job`` (the consumer stores it before settling)."""
         if job.headers.get("ignore_result"):
-            return
-        try:
-            self.app.backend.store(job.headers["id"], states.FAILURE, exc,
-                                   retries=int(job.headers.get("retries") or 0))
-        except Exception:
-            logger.exception("Task [%s] could not store its failure", job.headers["id"])
+            return None
+        return self.app.backend.encode(job.headers["id"], states.FAILURE, exc,
+                                       retries=int(job.headers.get("retries") or 0))
 
     # -- sizing -------------------------------------------------------------------------
     def grow(self, n: int = 1) -> None:

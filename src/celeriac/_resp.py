@@ -1,0 +1,215 @@
+"""Lean RESP connections ("lanes") for the Redis hot paths: scripts, nothing else.
+
+redis-py spends tens of microseconds of Python on each command (connection pool, retry
+wrapper, observability hooks; its asyncio client packs every argument in Python), more
+than a round trip to a local Redis costs. A producer's publish and the worker's exchange
+pay that on every call, so their scripts go through a lane instead: the command packed
+by hiredis, written to one socket, the reply parsed by hiredis. Everything else
+(BLPOP, pub/sub, administration) stays on redis-py.
+
+Lanes serve ``redis://`` and ``unix://`` URLs; ``rediss://`` keeps redis-py (TLS has too
+many options to copy). Failures raise redis-py's exception types, so ``_redis.Connector``
+retries and fails over alike: a lost or timed-out connection is ``redis.ConnectionError``
+or ``redis.TimeoutError`` and the lane is dropped; an error reply is
+``redis.ResponseError`` (``NoScriptError``, ``ReadOnlyError`` where they apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import socket
+from collections.abc import Sequence
+from typing import Any, cast
+
+import hiredis
+import redis
+from redis.connection import SSLConnection, parse_url
+
+_BUFFER = 1 << 16
+
+
+def lane_params(url: str) -> dict[str, Any] | None:
+    """Connection parameters for a lane to ``url`` (redis-py's parse), or None where only
+    redis-py will do (TLS)."""
+    params: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+    if params.get("connection_class") is SSLConnection:
+        return None
+    return params
+
+
+def sha1(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()
+
+
+def _handshake(params: dict[str, Any], name: str) -> list[tuple[Any, ...]]:
+    commands: list[tuple[Any, ...]] = []
+    password = params.get("password")
+    if password is not None:
+        user = params.get("username")
+        commands.append(("AUTH", user, password) if user else ("AUTH", password))
+    if params.get("db"):
+        commands.append(("SELECT", params["db"]))
+    commands.append(("CLIENT", "SETNAME", name))
+    return commands
+
+
+def _reply_error(reply: hiredis.ReplyError) -> redis.RedisError:
+    text = str(reply)
+    if text.startswith("NOSCRIPT"):
+        return redis.exceptions.NoScriptError(text)
+    if text.startswith("READONLY"):
+        return redis.ReadOnlyError(text)
+    if text.startswith(("NOAUTH", "WRONGPASS")):
+        return redis.AuthenticationError(text)
+    return redis.ResponseError(text)
+
+
+class SyncLane:
+    """A blocking connection for one thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = hiredis.Reader()
+        self.buffer = bytearray(_BUFFER)
+        self.broken = False
+
+    @classmethod
+    def open(cls, params: dict[str, Any], name: str, connect_timeout: float,
+             read_timeout: float | None) -> SyncLane:
+        try:
+            if "path" in params:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(connect_timeout)
+                sock.connect(params["path"])
+            else:
+                sock = socket.create_connection(
+                    (params.get("host", "localhost"), params.get("port", 6379)),
+                    timeout=connect_timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.settimeout(read_timeout)
+        except TimeoutError as exc:
+            raise redis.TimeoutError(f"connecting: {exc}") from exc
+        except OSError as exc:
+            raise redis.ConnectionError(f"connecting: {exc}") from exc
+        lane = cls(sock)
+        for command in _handshake(params, name):
+            lane.call(*command)
+        return lane
+
+    def call(self, *args: Any) -> Any:
+        if self.broken:
+            raise redis.ConnectionError("connection closed")
+        reader = self.reader
+        try:
+            self.sock.sendall(hiredis.pack_command(args))
+            while (reply := reader.gets()) is False:
+                n = self.sock.recv_into(self.buffer)
+                if not n:
+                    raise ConnectionResetError("closed by the server")
+                reader.feed(self.buffer, 0, n)  # type: ignore[arg-type]
+        except TimeoutError as exc:
+            # A reply may still come: the stream is out of step, so drop it.
+            self.close()
+            raise redis.TimeoutError(f"no reply in time: {exc}") from exc
+        except OSError as exc:
+            self.close()
+            raise redis.ConnectionError(str(exc) or type(exc).__name__) from exc
+        if isinstance(reply, hiredis.ReplyError):
+            raise _reply_error(reply)
+        return reply
+
+    def evalsha(self, sha: str, source: str, args: Sequence[Any]) -> Any:
+        try:
+            return self.call("EVALSHA", sha, 0, *args)
+        except redis.exceptions.NoScriptError:
+            self.call("SCRIPT", "LOAD", source)  # a restarted or flushed server
+            return self.call("EVALSHA", sha, 0, *args)
+
+    def close(self) -> None:
+        self.broken = True
+        self.sock.close()
+
+
+class AsyncLane(asyncio.Protocol):
+    """A connection on one event loop; calls may overlap (replies come in order)."""
+
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader()
+        self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.transport: asyncio.Transport | None = None
+        self.broken = False
+
+    @classmethod
+    async def open(cls, params: dict[str, Any], name: str, timeout: float) -> AsyncLane:
+        loop = asyncio.get_running_loop()
+        lane = cls()
+        try:
+            async with asyncio.timeout(timeout):
+                if "path" in params:
+                    await loop.create_unix_connection(lambda: lane, params["path"])
+                else:
+                    await loop.create_connection(
+                        lambda: lane, params.get("host", "localhost"), params.get("port", 6379))
+                for command in _handshake(params, name):
+                    await lane.call(*command)
+        except TimeoutError as exc:
+            lane.close()
+            raise redis.TimeoutError(f"connecting: {exc}") from exc
+        except OSError as exc:
+            lane.close()
+            raise redis.ConnectionError(f"connecting: {exc}") from exc
+        return lane
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        reader.feed(data)
+        while (reply := reader.gets()) is not False:
+            if not self.waiting:
+                self.close()  # a reply for nobody: the stream is out of step
+                return
+            future = self.waiting.popleft()
+            if future.cancelled():
+                continue  # its caller gave up; the reply still keeps the order
+            if isinstance(reply, hiredis.ReplyError):
+                future.set_exception(_reply_error(reply))
+            else:
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broken = True
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(redis.ConnectionError(
+                    f"connection lost: {exc}" if exc else "connection closed"))
+
+    def call(self, *args: Any) -> asyncio.Future[Any]:
+        """Send one command; the future is its reply."""
+        if self.broken or self.transport is None:
+            raise redis.ConnectionError("connection closed")
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self.transport.write(hiredis.pack_command(args))
+        return future
+
+    async def evalsha(self, sha: str, source: str, args: Sequence[Any]) -> Any:
+        try:
+            return await self.call("EVALSHA", sha, 0, *args)
+        except redis.exceptions.NoScriptError:
+            await self.call("SCRIPT", "LOAD", source)
+            return await self.call("EVALSHA", sha, 0, *args)
+
+    def close(self) -> None:
+        self.broken = True
+        if self.transport is not None:
+            self.transport.close()

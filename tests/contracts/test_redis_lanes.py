@@ -1,0 +1,241 @@
+"""The Redis hot paths: lanes (``celeriac._resp``) and the worker's exchange script.
+
+A lane is a lean connection for scripts; the exchange stores results in the result
+backend's layout, acks and fetches in one round trip. Each test uses its own namespace on
+the shared Redis and deletes its keys after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import redis
+import uvloop
+
+from celeriac import states
+from celeriac._redis import Connector
+from celeriac._resp import AsyncLane, SyncLane, lane_params
+from celeriac.backends.redis import RedisBackend
+from celeriac.protocol import Delivery, Message
+from celeriac.settings import Settings
+from celeriac.transports.base import Outgoing
+from celeriac.transports.redis import RedisTransport
+from tests.services import require
+
+T = TypeVar("T")
+Q = "lanes"
+
+
+def message(n: int) -> Message:
+    return Message(headers={"task": "t", "id": f"id-{n}"}, body=f"b{n}".encode())
+
+
+def ids(deliveries: list[Delivery]) -> list[str]:
+    return [d.message.headers["id"] for d in deliveries]
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    require("redis")
+    name = f"l{uuid.uuid4().hex[:12]}"
+    yield name
+    admin = redis.Redis()
+    keys = list(admin.scan_iter(match=f"{name}*", count=1000))
+    if keys:
+        admin.delete(*keys)
+    admin.close()
+
+
+@pytest.fixture
+def url(ns: str) -> str:
+    return f"{require('redis')}?namespace={ns}"
+
+
+@pytest.fixture
+def make(url: str) -> Iterator[Callable[..., RedisTransport]]:
+    made: list[RedisTransport] = []
+
+    def factory(**settings: Any) -> RedisTransport:
+        t = RedisTransport(url, Settings(broker_url=url, **settings))
+        made.append(t)
+        return t
+
+    yield factory
+    for t in made:
+        t.close()
+
+
+def count_calls(lane: Any) -> list[str]:
+    """Record the name of every command ``lane`` sends from now on."""
+    sent: list[str] = []
+    real = lane.call
+
+    def counting(*args: Any) -> Any:
+        sent.append(str(args[0]))
+        return real(*args)
+
+    lane.call = counting
+    return sent
+
+
+def on_both_loops(scenario: Callable[[], Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``scenario`` on asyncio's loop and on uvloop's (the worker's): their transports
+    differ (uvloop's do not subclass asyncio's)."""
+    return [asyncio.run(scenario()), uvloop.run(scenario())]
+
+
+# -- lanes ----------------------------------------------------------------------------------
+
+def test_sync_lane_runs_scripts_and_reloads_them_after_a_flush(url: str) -> None:
+    conn = Connector([url], Settings(broker_url=url), "broker", read_timeout=4.0)
+    try:
+        assert conn.run("purge", [Q]) == 0
+        lane = conn._sync_lane()
+        assert isinstance(lane, SyncLane)
+        sent = count_calls(lane)
+        redis.Redis().script_flush()  # as a restarted server would have forgotten them
+        assert conn.run("purge", [Q]) == 0
+        assert sent == ["EVALSHA", "SCRIPT", "EVALSHA"]
+        with pytest.raises(redis.ResponseError):
+            lane.call("GET")  # wrong number of arguments: an error reply, not a crash
+        assert lane.call("PING") == b"PONG"  # the connection is still in step
+    finally:
+        conn.close()
+
+
+def test_sync_lane_redials_after_the_server_drops_it(url: str) -> None:
+    conn = Connector([url], Settings(broker_url=url), "broker", read_timeout=4.0)
+    try:
+        conn.run("purge", [Q])
+        first = conn._sync_lane()
+        assert first is not None
+        redis.Redis().client_kill_filter(_id=first.call("CLIENT", "ID"))
+        assert conn.run("purge", [Q]) == 0  # retried on a new connection
+        assert first.broken and conn._sync_lane() is not first
+    finally:
+        conn.close()
+
+
+def test_async_lane_keeps_overlapping_replies_in_order(url: str) -> None:
+    params = lane_params(url.split("?")[0])
+    assert params is not None
+
+    async def scenario() -> list[Any]:
+        lane = await AsyncLane.open(params, "test", 4.0)
+        try:
+            futures = [lane.call("ECHO", f"n{i}") for i in range(200)]
+            return list(await asyncio.gather(*futures))
+        finally:
+            lane.close()
+
+    for replies in on_both_loops(scenario):
+        assert replies == [f"n{i}".encode() for i in range(200)]
+
+
+def test_async_lane_errors_are_redis_errors_and_a_drop_is_redialled(url: str) -> None:
+    async def scenario() -> None:
+        conn = Connector([url], Settings(broker_url=url), "broker", read_timeout=4.0)
+        try:
+            assert await conn.arun("purge", [Q]) == 0
+            lane = await conn._async_lane()
+            assert lane is not None
+            with pytest.raises(redis.ResponseError):
+                await lane.call("GET")
+            redis.Redis().client_kill_filter(_id=await lane.call("CLIENT", "ID"))
+            assert await conn.arun("purge", [Q]) == 0  # redialled once, transparently
+            assert lane.broken and await conn._async_lane() is not lane
+            redis.Redis().script_flush()
+            assert await conn.arun("purge", [Q]) == 0  # NOSCRIPT: loaded again
+        finally:
+            await conn.aclose()
+
+    on_both_loops(scenario)
+
+
+def test_tls_urls_keep_redis_py() -> None:
+    assert lane_params("rediss://127.0.0.1:6379/0") is None
+    unix = lane_params("unix:///tmp/redis.sock?db=2")
+    assert unix is not None and (unix["path"], unix["db"]) == ("/tmp/redis.sock", 2)
+
+
+# -- the exchange -------------------------------------------------------------------------
+
+def test_exchange_stores_acks_and_fetches_in_one_round_trip(
+        make: Callable[..., RedisTransport], url: str) -> None:
+    producer = make()
+    producer.publish_many([Outgoing(Q, message(n)) for n in range(10)])
+    backend = RedisBackend(url, Settings(broker_url=url, result_expires=60))
+
+    async def scenario() -> None:
+        c = make()
+        await c.connect("c1")
+        namespace = c.results_namespace(backend)
+        assert namespace == backend.conn.endpoint.namespace
+        first = await c.exchange([], [], namespace, [Q], 4)
+        assert ids(first) == ["id-0", "id-1", "id-2", "id-3"]
+        results = [backend.encode(d.message.headers["id"], states.SUCCESS, i)
+                   for i, d in enumerate(first)]
+        lane = await c.conn._async_lane()
+        sent = count_calls(lane)
+        second = await c.exchange(first, results, namespace, [Q], 4)
+        assert sent == ["EVALSHA"]
+        assert ids(second) == ["id-4", "id-5", "id-6", "id-7"]
+        # Settling only: no fetch, no lease business.
+        assert await c.exchange(second, [], namespace, [Q], 0) == []
+        assert await c.exchange([], [], namespace, [Q], 0) == []
+        assert sent == ["EVALSHA", "EVALSHA"]
+        await c.disconnect()
+
+    asyncio.run(scenario())
+    got = backend.wait_for([f"id-{n}" for n in range(4)], 1.0)  # the change feed has them
+    assert {k: m.result for k, m in got.items()} == {f"id-{n}": n for n in range(4)}
+    assert all(m.state == states.SUCCESS for m in got.values())
+    assert backend.cleanup() == 0  # indexed for expiry, none expired yet
+    assert producer.queue_length(Q) == 2  # id-8, id-9; the rest acked
+    backend.close()
+
+
+def test_exchange_acks_only_what_the_consumer_still_owns(
+        make: Callable[..., RedisTransport], ns: str) -> None:
+    producer = make()
+    producer.publish_many([Outgoing(Q, message(n)) for n in range(2)])
+
+    async def scenario() -> None:
+        slow = make(worker_lease_timeout=0.2)
+        await slow.connect("slow")
+        taken = await slow.fetch([Q], 2, 1.0)
+        other = make(worker_lease_timeout=0.2)
+        await other.connect("other")
+        await asyncio.sleep(0.25)  # sleep-ok: the 0.2 s lease must run out
+        assert await other.heartbeat() == 2
+        again = await other.fetch([Q], 2, 1.0)
+        assert ids(again) == ids(taken)
+        # The slow consumer's late ack must not delete what the other one now runs.
+        await slow.exchange(taken, [], None, [Q], 0)
+        admin = redis.Redis()
+        assert admin.exists(*[f"{ns}:m:{d.tag}" for d in again]) == 2
+        assert await other.exchange(again, [], None, [Q], 0) == []
+        assert admin.exists(*[f"{ns}:m:{d.tag}" for d in again]) == 0
+        admin.close()
+        await other.disconnect()
+
+    asyncio.run(scenario())
+    assert producer.queue_length(Q) == 0
+
+
+def test_results_go_through_the_backend_when_it_lives_elsewhere(url: str, ns: str) -> None:
+    t = RedisTransport(url, Settings(broker_url=url))
+    t.consumer_id = "c1"
+    elsewhere = f"{require('redis').rsplit('/', 1)[0]}/1?namespace={ns}"
+    try:
+        assert t.results_namespace(RedisBackend(elsewhere, Settings())) is None
+        same = RedisBackend(f"{url.split('?')[0]}?namespace={ns}r", Settings())
+        assert t.results_namespace(same) == f"{ns}r"
+        with pytest.raises(ValueError):
+            asyncio.run(t.exchange([], [same.encode("x", states.SUCCESS, 1)], None, [Q], 0))
+    finally:
+        t.close()
