@@ -308,11 +308,14 @@ class Celeriac:
     ) -> tuple[Message, str, float | None]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
-        if args is not None and (isinstance(args, (str, bytes)) or not isinstance(args, Sequence)):
+        # Exact types first: the ABC checks cost a microsecond each, on every message.
+        if args is not None and type(args) not in (tuple, list) and (
+                isinstance(args, (str, bytes)) or not isinstance(args, Sequence)):
             raise TypeError(f"args must be a list or tuple, got {type(args).__name__}")
-        if kwargs is not None and not isinstance(kwargs, Mapping):
+        if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
             raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
-        _validate_priority(priority)
+        if priority is not None:
+            _validate_priority(priority)
         if countdown is not None and eta is not None:
             raise ValueError("give countdown or eta, not both")
         args, kwargs = list(args or ()), dict(kwargs or {})

@@ -261,7 +261,9 @@ class Task(Generic[P, R]):
 
 
 def args_repr(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
-    return _repr.repr(tuple(args)), _repr.repr(dict(kwargs))
+    # No arguments is common (and bulk sends repeat it): skip reprlib's machinery.
+    return (_repr.repr(tuple(args)) if args else "()",
+            _repr.repr(dict(kwargs)) if kwargs else "{}")
 
 
 def _eager_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:

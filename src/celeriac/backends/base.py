@@ -166,18 +166,26 @@ class ResultBackend(abc.ABC):
         # shows up in the next change set: nothing falls between the two.
         cursor = self._cursor()
         candidates: list[str] | set[str] = pending
+        read: dict[str, tuple[str, bytes]] | None = None
         while True:
-            self._collect(candidates, pending, done, on_ready)
+            self._collect(candidates, pending, done, on_ready, read)
             if not pending:
                 return done
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return done
+            if len(pending) <= DIRECT_READ:
+                # A few ids (get()'s path): read them again after each wake, in the same
+                # round trip as the wait where the backend can, rather than read the
+                # change feed first and the results after it.
+                candidates = list(pending)
+                read = self._wait_read(min(remaining, 1.0), candidates)
+                continue
+            read = None
             self._wait(min(remaining, 1.0))
-            if len(pending) > 1:
-                # Waiting for many: let results accumulate briefly so one read collects
-                # a batch, instead of competing with the workers for CPU per result.
-                time.sleep(min(BATCH_PAUSE, max(remaining, 0)))
+            # Waiting for many: let results accumulate briefly so one read collects a
+            # batch, instead of competing with the workers for CPU per result.
+            time.sleep(min(BATCH_PAUSE, max(remaining, 0)))
             changes = self._changes(cursor) if cursor is not None else None
             if changes is None:
                 cursor, candidates = self._cursor(), pending
@@ -186,16 +194,28 @@ class ResultBackend(abc.ABC):
                 candidates = {t for t in written if t in pending}
 
     def _collect(self, candidates: Iterable[str], pending: set[str],
-                 done: dict[str, ResultMeta], on_ready: Callable[[ResultMeta], None] | None
-                 ) -> None:
-        batch = list(candidates)
-        for start in range(0, len(batch), 500):
-            for tid, meta in self.get_many(batch[start:start + 500]).items():
+                 done: dict[str, ResultMeta], on_ready: Callable[[ResultMeta], None] | None,
+                 read: dict[str, tuple[str, bytes]] | None = None) -> None:
+        if read is not None:
+            found = [{tid: self._decode(tid, ct, data) for tid, (ct, data) in read.items()}]
+        else:
+            batch = list(candidates)
+            found = [self.get_many(batch[start:start + 500])
+                     for start in range(0, len(batch), 500)]
+        for metas in found:
+            for tid, meta in metas.items():
                 if meta.ready and tid in pending:
                     pending.discard(tid)
                     done[tid] = meta
                     if on_ready:
                         on_ready(meta)
+
+    def _wait_read(self, timeout: float, task_ids: Sequence[str]
+                   ) -> dict[str, tuple[str, bytes]] | None:
+        """``_wait``, then ``_get(task_ids)`` if the backend can do both in one round
+        trip (None: the caller reads)."""
+        self._wait(timeout)
+        return None
 
     # A change feed lets ``wait_for`` read only what was written since it last looked,
     # so waiting for N results costs O(N), not O(N^2). Backends without one rescan.
@@ -209,6 +229,9 @@ class ResultBackend(abc.ABC):
 
 
 BATCH_PAUSE = 0.005
+DIRECT_READ = 64
+"""``wait_for`` rereads up to this many pending ids after each wake rather than read the
+change feed first. ``_wait`` must then not wake again for what it has already seen."""
 
 def _memory() -> type[ResultBackend]:
     from .memory import MemoryBackend

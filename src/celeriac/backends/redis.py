@@ -84,13 +84,7 @@ class RedisBackend(ResultBackend):
             # decode_responses is off: values are bytes (redis-py types them loosely).
             return cast("list[bytes | None]", client.mget([f"{ns}:r:{t}" for t in task_ids]))
 
-        values = self.conn.call(read)
-        out: dict[str, tuple[str, bytes]] = {}
-        for tid, value in zip(task_ids, values, strict=True):
-            if value is not None:
-                content_type, _, data = value.partition(b"\n")
-                out[tid] = (content_type.decode(), data)
-        return out
+        return _values(task_ids, self.conn.call(read))
 
     # -- the change feed ------------------------------------------------------------------
     def _cursor(self) -> int:
@@ -122,16 +116,35 @@ class RedisBackend(ResultBackend):
         return _pack(start), written
 
     def _wait(self, timeout: float) -> None:
+        self._wait_read(timeout, [])
+
+    def _wait_read(self, timeout: float, task_ids: Sequence[str]
+                   ) -> dict[str, tuple[str, bytes]] | None:
         if timeout <= 0:
-            return
+            return None
         last = getattr(self._local, "last", None)
         if last is None:
             self._cursor()
             last = self._local.last
         # XREAD's BLOCK 0 means forever: at least one millisecond.
         block = max(1, int(min(timeout, _MAX_BLOCK) * 1000))
-        self.conn.call(
-            lambda client, ns: client.xread({f"{ns}:changes": last}, count=1, block=block))
+
+        def wait_read(client: redis.Redis, ns: str) -> list[Any]:
+            # Pipelined: Redis runs the MGET only once the XREAD returns, so the values
+            # come back in the same round trip as the wake-up, and are at least as new
+            # (a store writes its value and its feed entry in one transaction or script).
+            pipe = client.pipeline(transaction=False)
+            pipe.xread({f"{ns}:changes": last}, count=_PAGE, block=block)
+            if task_ids:
+                pipe.mget([f"{ns}:r:{t}" for t in task_ids])
+            return pipe.execute()
+
+        replies = self.conn.call(wait_read)
+        if replies[0]:
+            # Past what it returned: the next wait sleeps until something newer (a
+            # waiter that rereads its ids directly never calls _changes to move it).
+            self._local.last = replies[0][0][1][-1][0].decode()
+        return _values(task_ids, replies[1]) if task_ids else None
 
     # -- maintenance ----------------------------------------------------------------------
     def forget(self, task_id: str) -> None:
@@ -151,6 +164,17 @@ class RedisBackend(ResultBackend):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _values(task_ids: Sequence[str], values: list[bytes | None]
+            ) -> dict[str, tuple[str, bytes]]:
+    """An MGET of result keys as ``_get`` returns it."""
+    out: dict[str, tuple[str, bytes]] = {}
+    for tid, value in zip(task_ids, values, strict=True):
+        if value is not None:
+            content_type, _, data = value.partition(b"\n")
+            out[tid] = (content_type.decode(), data)
+    return out
 
 
 def encode_value(content_type: str, data: bytes) -> bytes:

@@ -65,6 +65,8 @@ class RedisTransport(Transport):
         finished task is not run again when the connection comes back."""
         self._suspect = False
         """A fetch's reply may have been lost: Redis may hold messages for us we never saw."""
+        self._next_due = -1
+        """From the last exchange that fetched: ms until a delayed message is due (-1: none)."""
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -152,7 +154,10 @@ class RedisTransport(Transport):
                        ) -> list[Delivery]:
         """Store ``results`` (in the result backend's layout, under ``results_namespace``,
         from ``results_namespace()``), ack ``acks``, then fetch up to ``limit`` ready
-        messages without waiting: the worker's hot path as one script (exchange.lua)."""
+        messages without waiting: the worker's hot path as one script (exchange.lua).
+
+        A fetch that comes back short registers this consumer as idle on ``queues``:
+        ``wait_ready`` then sleeps until a message is published there (or comes due)."""
         me = self._me()
         names = list(dict.fromkeys(queues)) if limit > 0 else []
         if names and self._suspect:
@@ -186,7 +191,20 @@ class RedisTransport(Transport):
                 self._suspect = True
         self._unacked.clear()
         self._held.difference_update(batch)
+        if names:
+            self._next_due = int(reply[0])
         return self._deliveries(reply)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Sleep until a message may be ready for the last ``exchange`` that came back
+        short (a publish to its queues wakes us, or a delayed message comes due), or for
+        ``timeout`` seconds."""
+        due = self._next_due
+        if due == 0:
+            return  # more delayed messages are due than one fetch promotes
+        wait = timeout if due < 0 else min(timeout, due / 1000)
+        # Whole milliseconds, rounded up (see fetch).
+        await self._sleep(self._me(), max(math.ceil(wait * 1000), 1) / 1000)
 
     async def _sleep(self, me: str, seconds: float) -> None:
         """Until a token arrives on our wake list, or ``seconds`` pass."""
@@ -290,7 +308,7 @@ class RedisTransport(Transport):
         r = self.conn.run("dead_letters", [limit])
         return [
             DeadLetter(int(r[i]), r[i + 1].decode(), r[i + 2].decode("utf-8", "replace"),
-                       _message(r[i + 5], r[i + 6]), int(r[i + 3]), float(r[i + 4]))
+                       _message(r[i + 5], r[i + 6]), int(r[i + 3] or 0), float(r[i + 4]))
             for i in range(0, len(r), 7)
         ]
 

@@ -77,9 +77,11 @@ class Consumer:
         self._closing = False
         self._failures = 0
         self._executor: ThreadPoolExecutor | None = None
-        # The transport's combined call (Redis), and where it can store results, if any.
+        # The transport's combined call (Redis), where it can store results, and its wait
+        # for a queue that an exchange found empty, if it has them.
         self._combined = getattr(transport, "exchange", None)
         self._colocated = getattr(transport, "results_namespace", None)
+        self._wait_ready = getattr(transport, "wait_ready", None)
         self.processed = 0
 
     @property
@@ -214,7 +216,15 @@ class Consumer:
         """Wait in the broker for messages (the queues were empty when last fetched)."""
         try:
             try:
-                batch = await self.transport.fetch(self.queues, limit, FETCH_TIMEOUT)
+                if self._combined is not None and self._wait_ready is not None:
+                    # The exchange that came back short registered us as idle: only the
+                    # wait is left, and the next exchange fetches (no fetch queued on
+                    # the connection ahead of the exchanges that settle meanwhile).
+                    await self._wait_ready(FETCH_TIMEOUT)
+                    batch: list[Delivery] = []
+                    limit = 0
+                else:
+                    batch = await self.transport.fetch(self.queues, limit, FETCH_TIMEOUT)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -12,6 +12,9 @@ from .timer import Timer
 
 logger = logging.getLogger("celeriac.worker.steps")
 
+FORK_FLUSH_TIMEOUT = 2.0
+"""At most this long (s) the pool waits for the events thread before forking."""
+
 
 class TimerStep(Step):
     async def start(self) -> None:
@@ -29,7 +32,15 @@ class PoolStep(Step):
         cls = POOLS[w.pool_name]
         self.pool: Pool = cls(w.app, w.concurrency, w.on_job_done)
         self.pool.on_fatal = w.fail
+        self.pool.task_events = w.task_events
         w.pool = self.pool
+        events = getattr(w, "events", None)
+        if events is not None:
+            # The events thread is sending worker-online (opening its connection) right
+            # now. A child forked while that thread is inside a C library (SQLite's open
+            # takes a process-wide mutex) inherits the lock with no thread to release
+            # it, and hangs at its first use of the library: let the thread finish first.
+            events.flush(FORK_FLUSH_TIMEOUT)
         await self.pool.start()
 
     async def stop(self) -> None:

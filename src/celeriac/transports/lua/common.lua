@@ -8,9 +8,9 @@
 --   <ns>:seq              string  INCR counter. A message id is a value of it, zero-padded
 --                                 to 16 digits, so ids sort as strings in publish order.
 --   <ns>:m:<id>           hash    one message: q queue, s score (9 - priority), n hand-outs
---                                 so far, e envelope (JSON: headers, properties, content
---                                 type), b body; once dead-lettered also r reason, t when
---                                 (unix seconds).
+--                                 so far (absent until the first), e envelope (JSON:
+--                                 headers, properties, content type), b body; once
+--                                 dead-lettered also r reason, t when (unix seconds).
 --   <ns>:q:<queue>        zset    ready ids, score s. Equal scores sort by member, so
 --                                 ZRANGE order is higher priority first, then oldest (FIFO).
 --   <ns>:delayed          zset    delayed ids (all queues), score = due time (unix ms).
@@ -73,20 +73,25 @@ end
 local function notify()
   for q in pairs(touched) do
     local idle = key('idle', q)
-    for _, c in ipairs(redis.call('SMEMBERS', idle)) do
-      local w = key('wake', c)
-      redis.call('RPUSH', w, 1)
-      redis.call('PEXPIRE', w, WAKE_TTL_MS)
+    local sleepers = redis.call('SMEMBERS', idle)
+    if #sleepers > 0 then
+      for _, c in ipairs(sleepers) do
+        local w = key('wake', c)
+        redis.call('RPUSH', w, 1)
+        redis.call('PEXPIRE', w, WAKE_TTL_MS)
+      end
+      redis.call('DEL', idle)
     end
-    redis.call('DEL', idle)
   end
   touched = {}
 end
 
 -- Promote due delayed messages, renew the consumer's lease, and hand it up to `limit`
 -- ready messages across `queues` (distinct): highest priority first, then oldest. With
--- `register`, a consumer that finds nothing registers as idle on the queues (it is about
--- to BLPOP its wake list). Returns {wait, id, queue, deliveries, envelope, body, id, ...}:
+-- `register`, a consumer that finds fewer than `limit` registers as idle on the queues:
+-- the queues are empty now, and it is about to BLPOP its wake list for more (a token
+-- that comes while it is still busy only makes it look again). Returns {wait, id, queue,
+-- deliveries, envelope, body, id, ...}:
 -- wait is the ms until the next delayed message is due (0: due now, fetch again; -1:
 -- none is delayed). Used by fetch.lua and exchange.lua.
 local function fetch_ready(me, lease, limit, register, queues)
@@ -157,7 +162,7 @@ local function fetch_ready(me, lease, limit, register, queues)
     redis.call('SADD', key('owned', me), unpack(taken))
   end
 
-  if #out == 1 and register then
+  if #taken < limit and register then
     for _, q in ipairs(queues) do
       redis.call('SADD', key('idle', q), me)
     end

@@ -5,7 +5,9 @@
 -- ARGV[2] consumer, [3] lease in ms, [4] limit (0: fetch nothing), [5] the result
 -- backend's namespace, [6] result count, [7] ack count, then four per result (task id,
 -- value, expiry in ms from now or 0: never, expiry as unix seconds), then the ids to ack,
--- then the queues (distinct). Returns as fetch.lua ({-1} when nothing was fetched).
+-- then the queues (distinct). A fetch that finds fewer than `limit` registers the
+-- consumer as idle (fetch_ready): it waits on its wake list next. Returns as fetch.lua
+-- ({-1} when nothing was fetched).
 
 -- The change feed's length (backends/redis.py FEED_LENGTH).
 local FEED_LENGTH = 100000
@@ -70,4 +72,4 @@ local queues = {}
 for i = a, #ARGV do
   queues[#queues + 1] = ARGV[i]
 end
-return fetch_ready(me, tonumber(ARGV[3]), limit, false, queues)
+return fetch_ready(me, tonumber(ARGV[3]), limit, true, queues)

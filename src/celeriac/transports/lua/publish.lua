@@ -9,7 +9,8 @@ for i = 0, count - 1 do
   local a = 3 + i * 5
   local q, s, delay = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local id = string.format('%016d', first + i)
-  redis.call('HSET', key('m', id), 'q', q, 's', s, 'n', 0, 'e', ARGV[a + 3], 'b', ARGV[a + 4])
+  -- No 'n' yet: the first hand-out's HINCRBY makes it 1.
+  redis.call('HSET', key('m', id), 'q', q, 's', s, 'e', ARGV[a + 3], 'b', ARGV[a + 4])
   if delay > 0 then
     now = now or now_ms()
     redis.call('ZADD', key('delayed'), now + delay, id)

@@ -31,6 +31,9 @@ class Pool(abc.ABC):
         """Called when a slot may have opened outside ``on_done`` (a child came up)."""
         self.on_fatal: Callable[[str], None] = lambda reason: None
         """Called when the pool cannot go on (a restart storm); the worker stops."""
+        self.task_events = False
+        """Set before ``start``: outcomes carry what task events show (result and
+        exception reprs, tracebacks); off, the executing processes skip that work."""
 
     @abc.abstractmethod
     async def start(self) -> None: ...
