@@ -350,3 +350,44 @@ def test_receiver_capture_blocking_times_out_and_get_needs_open() -> None:
     assert 0.15 <= time.monotonic() - start < 5
     with pytest.raises(RuntimeError, match="before open"):
         asyncio.run(receiver.get(0.01))
+
+
+class LibraryTransport(FakeTransport):
+    """A broadcast that holds a lock inside the "client library" for a while, as
+    sqlite3.connect or hiredis hold C-level mutexes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.library = threading.Lock()
+        self.inside = threading.Event()
+
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
+        with self.library:
+            self.inside.set()
+            time.sleep(0.3)  # sleep-ok: the time the library call takes
+            super().broadcast(channel, payload, routing_key)
+
+
+def test_fork_waits_for_the_sender_to_leave_the_client_library() -> None:
+    transport = LibraryTransport()
+    app = Celeriac("t", broker="memory://unused")
+    d = EventDispatcher(app, hostname="w1@h", transport=transport)  # type: ignore[arg-type]
+    try:
+        d.send("worker-online")  # unbuffered: the sender enters broadcast at once
+        assert transport.inside.wait(5)
+        pid = os.fork()
+        if pid == 0:  # had fork not waited, the library's lock would be held forever here
+            os._exit(0 if transport.library.acquire(timeout=2) else 3)
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the child hung on a lock the sender thread held at fork")
+            time.sleep(0.01)  # sleep-ok: polling a child's exit status with a deadline
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        d.close(timeout=1)

@@ -247,7 +247,8 @@ class EventDispatcher:
     def _close_transport(self) -> None:
         if self._own_transport and not self._dead:
             try:
-                self.transport.close()
+                with _IO_LOCK:
+                    self.transport.close()
             except Exception as exc:
                 logger.debug("closing the events transport: %s", exc)
 
@@ -339,8 +340,9 @@ class EventDispatcher:
             payload = self._encode(batch[start:end])
             if payload is not None:
                 try:
-                    self.transport.broadcast(EVENTS_CHANNEL, payload,
-                                             routing_key(batch[start]["type"]))
+                    with _IO_LOCK:
+                        self.transport.broadcast(EVENTS_CHANNEL, payload,
+                                                 routing_key(batch[start]["type"]))
                 except Exception as exc:  # whatever the client raises: an outage to wait out
                     return start, exc
             start = end
@@ -379,7 +381,34 @@ class EventDispatcher:
                        lost)
 
 
+# Held around every call into a client library (SQLite, hiredis, pika...) by a sender
+# thread, and taken by fork(): a child forked while the thread was inside the library
+# would inherit a C-level mutex that no thread of the child will ever release (seen: a
+# pool child hung in sqlite3.connect). So fork waits for the sender to leave the
+# library, up to FORK_WAIT seconds (one connection attempt to a broker that is down);
+# past that it forks anyway rather than stall the worker.
+_IO_LOCK = threading.Lock()
+FORK_WAIT = 5.0
+_fork_held = False
+
+
+def _before_fork() -> None:
+    global _fork_held
+    _fork_held = _IO_LOCK.acquire(timeout=FORK_WAIT)
+    if not _fork_held:
+        logger.warning("forking while the event sender is still in a broker call")
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_held
+    if _fork_held:
+        _fork_held = False
+        _IO_LOCK.release()
+
+
 def _after_fork_in_child() -> None:
+    global _IO_LOCK, _fork_held
+    _IO_LOCK, _fork_held = threading.Lock(), False
     for d in list(_dispatchers):
         d._new_locks()
         d._dead = True
@@ -390,4 +419,5 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
