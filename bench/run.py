@@ -177,15 +177,18 @@ class CeleriacSystem(System):
 class CeleriacProcess(CeleriacSystem):
     """A broker other processes reach (SQLite file, Redis), a worker subprocess."""
 
-    def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1
-                 ) -> None:
+    def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1,
+                 events: bool = False) -> None:
         self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
+        self.events = events
         suffix = f"prefork x{concurrency}" if pool == "prefork" else pool
-        self.name = f"celeriac {transport} {suffix}"
+        self.name = f"celeriac {transport} {suffix}" + (" -E" if events else "")
         where = ("broker + results in one SQLite file (WAL)" if transport == "sqlite" else
                  f"broker + results on Redis db {CELERIAC_REDIS_DB} ({CELERIAC_REDIS_URL})")
         self.detail = (f"{where}; worker: `celeriac -A tasks worker --pool {pool} "
-                       f"-c {concurrency} -l warning` subprocess")
+                       f"-c {concurrency} -l warning{' -E' if events else ''}` subprocess"
+                       + ("; task events on (received, started, succeeded per task), "
+                          "nobody listening" if events else ""))
         self.worker: WorkerProcess | None = None
         self.db_path: Path | None = None
 
@@ -210,7 +213,7 @@ class CeleriacProcess(CeleriacSystem):
         exe = Path(sys.executable).with_name("celeriac")
         argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "celeriac"]
         argv += ["-A", "tasks", "worker", "--pool", self.pool, "-c", str(self.concurrency),
-                 "-l", "warning"]
+                 "-l", "warning", *(["-E"] if self.events else [])]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERIAC_")}
         env.update(CELERIAC_BROKER_URL=self.broker_url,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
@@ -554,6 +557,7 @@ class PeerSystem(System):
 
 SYSTEMS: dict[str, Callable[[], System]] = {
     "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2),
+    "redis-events": lambda: CeleriacProcess("redis-events", "redis", "prefork", 2, events=True),
     **{key: (lambda peer=peer: PeerSystem(peer)) for key, peer in PEERS.items()},
     "sqlite": lambda: CeleriacProcess("sqlite", "sqlite"),
     "sqlite-prefork": lambda: CeleriacProcess("sqlite-prefork", "sqlite", "prefork", 2),
@@ -1018,6 +1022,22 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
     return table
 
 
+EVENTS_TARGET = 0.15
+"""Task events on may slow the Redis drain by less than this share."""
+
+
+def events_cost(outcomes: list[Outcome]) -> None:
+    """The drain with task events on (``-E``) beside the drain without, from this run."""
+    drains = {o.system.key: o.median(lambda r: r.drain) for o in outcomes if o.runs}
+    off, on = drains.get("redis"), drains.get("redis-events")
+    if off and on:
+        slower = 1 - on / off
+        verdict = "[green]yes[/]" if slower < EVENTS_TARGET else "[red]no[/]"
+        console.print(f"task events: drain {on:,.0f}/s with -E against {off:,.0f}/s "
+                      f"without: {slower:+.1%} slower (target < {EVENTS_TARGET:.0%}: "
+                      f"{verdict})")
+
+
 def pool_ratios(outcomes: list[Outcome]) -> None:
     """Prefork (2 children) drain over solo drain, per local transport, from this run."""
     drains = {o.system.name: o.median(lambda r: r.drain) for o in outcomes if o.runs}
@@ -1094,6 +1114,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{REFERENCE['drain']:,.0f} drained/s, {REFERENCE['p50'] * 1e3:.1f} ms p50; "
                 f"in this run: {mine['enqueue'] or 0:,.0f}, {mine['drain'] or 0:,.0f}, "
                 f"{(mine['p50'] or 0) * 1e3:.2f} ms. Targets are judged against this run.[/]")
+    events_cost(outcomes)
     pool_ratios(outcomes)
     if overhead is not None:
         console.print(

@@ -260,6 +260,11 @@ class Task(Generic[P, R]):
         return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
 
 
+def short_repr(value: Any) -> str:
+    """``repr`` with long strings, containers and objects cut short (about 256 chars)."""
+    return _repr.repr(value)
+
+
 def args_repr(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
     # No arguments is common (and bulk sends repeat it): skip reprlib's machinery.
     return (_repr.repr(tuple(args)) if args else "()",

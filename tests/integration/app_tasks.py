@@ -55,6 +55,13 @@ def boom(kind: str = "value") -> None:
 
 
 @app.task
+def reject_me(reason: str = "not for us") -> None:
+    from celeriac.errors import Reject
+
+    raise Reject(reason)
+
+
+@app.task
 def stamp() -> float:
     return time.time()
 

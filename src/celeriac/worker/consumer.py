@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from .. import states
 from ..errors import WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow, validate_headers
-from .execute import Job, Outcome
+from .execute import Job, Outcome, exception_repr
+from .task_events import Final, TaskEvents
 
 if TYPE_CHECKING:
     from ..backends.base import Stored
@@ -64,6 +65,12 @@ class Consumer:
         self._results: list[Stored] = []
         self._after: list[tuple[Delivery, str]] = []
         """Dead letters that wait for their result to be stored first."""
+        self._finals: list[Final] = []
+        """Task events that wait for their result to be stored first."""
+        events = getattr(worker, "events", None)
+        self.events = (TaskEvents(events, self.app.settings.events_hide_args)
+                       if events is not None and getattr(worker, "task_events", False)
+                       else None)
         self._wake = asyncio.Event()
         self._quiet = asyncio.Event()
         """Set while no exchange is in flight."""
@@ -142,19 +149,19 @@ class Consumer:
             if limit and self._drained:
                 self._sleeper = self.loop.create_task(self._sleep(limit))
                 limit = 0
-            acks, results, after = self._acks, self._results, self._after
-            if not (acks or results or after or limit):
+            acks, results, after, finals = self._acks, self._results, self._after, self._finals
+            if not (acks or results or after or finals or limit):
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._acks, self._results, self._after = [], [], []
+            self._acks, self._results, self._after, self._finals = [], [], [], []
             self._quiet.clear()
             try:
                 batch = await self._exchange(acks, results, limit)
             except asyncio.CancelledError:
-                self._put_back(acks, results, after)
+                self._put_back(acks, results, after, finals)
                 raise
             except Exception as exc:
                 if self._closing:
@@ -163,7 +170,7 @@ class Consumer:
                                  len(acks) + len(after), len(results), type(exc).__name__,
                                  exc)
                     return
-                self._put_back(acks, results, after)
+                self._put_back(acks, results, after, finals)
                 await self._failed("storing results and settling messages", exc)
                 continue
             finally:
@@ -171,6 +178,9 @@ class Consumer:
             self._restored()
             for delivery, reason in after:
                 self._spawn(self.transport.dead_letter(delivery, reason))
+            if finals and self.events is not None:
+                for type_, fields in finals:
+                    self.events.send(type_, fields)
             if limit:
                 self._drained = len(batch) < limit
             if batch:
@@ -205,12 +215,13 @@ class Consumer:
         await self.loop.run_in_executor(self._executor, backend.store_many, results)
 
     def _put_back(self, acks: list[Delivery], results: list[Stored],
-                  after: list[tuple[Delivery, str]]) -> None:
+                  after: list[tuple[Delivery, str]], finals: list[Final]) -> None:
         # In front of what came meanwhile: the next exchange retries them (a repeat is
         # harmless: stores overwrite, acks of settled messages are no-ops).
         self._acks[:0] = acks
         self._results[:0] = results
         self._after[:0] = after
+        self._finals[:0] = finals
 
     async def _sleep(self, limit: int) -> None:
         """Wait in the broker for messages (the queues were empty when last fetched)."""
@@ -267,7 +278,10 @@ class Consumer:
         if reason is not None:
             return self._dead_letter(d, f"malformed message: {reason}")
         name, task_id = headers["task"], headers["id"]
+        events = self.events
         if name not in self.app.tasks:
+            if events is not None:
+                events.rejected(task_id, f"unknown task {name!r}", requeue=False)
             return self._dead_letter(d, f"unknown task {name!r}", task_id)
         losses = d.delivery_count - 1
         if losses >= self.app.settings.task_max_deliveries:
@@ -276,8 +290,11 @@ class Consumer:
                       f"{self.app.settings.task_max_deliveries})")
             logger.error("dead-lettered message %s from queue %r: %s", task_id, d.queue,
                          reason)
-            self._result(task_id, states.FAILURE, WorkerLostError(reason))
+            exc = WorkerLostError(reason)
+            self._result(task_id, states.FAILURE, exc)
             self._after.append((d, reason))
+            if events is not None:
+                self._finals.append(events.failed(task_id, exception_repr(exc)))
             return self._wake.set()
         now = utcnow()
         expires = parse_time(headers.get("expires"))
@@ -286,6 +303,10 @@ class Consumer:
             self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
                          "exc_module": "celeriac.errors", "exc_message": ["expired"]})
             self._acks.append(d)
+            if events is not None:
+                self._finals.append(("task-revoked", {
+                    "uuid": task_id, "reason": "expired", "expired": True,
+                    "terminated": False}))
             return self._wake.set()
         eta = parse_time(headers.get("eta"))
         if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
@@ -299,6 +320,8 @@ class Consumer:
                   d.delivery_count, self.worker.hostname)
         self.deliveries[job.id] = d
         self.reserved.append(job)
+        if events is not None:
+            events.received(headers, d.queue)
         return None
 
     def _dispatch(self) -> None:
@@ -309,6 +332,8 @@ class Consumer:
                 # At-most-once: the message is gone before the task runs.
                 self._acks.append(self.deliveries[job.id])
                 self._wake.set()
+            if self.events is not None:
+                self.events.started(job.headers["id"])
             self.pool.submit(job)
 
     # -- completion ---------------------------------------------------------------------
@@ -317,6 +342,10 @@ class Consumer:
         delivery = self.deliveries.pop(job.id, None)
         if outcome.stored is not None:
             self._results.append(outcome.stored)
+        if self.events is not None:
+            final = self.events.outcome(job.headers["id"], outcome)
+            if final is not None:
+                self._finals.append(final)
         if delivery is not None:
             action = outcome.action
             if action == "ack":

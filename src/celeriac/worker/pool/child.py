@@ -36,7 +36,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
-         max_tasks: int | None, max_memory_kib: int | None) -> int:
+         max_tasks: int | None, max_memory_kib: int | None, task_events: bool = False) -> int:
     """Run the child; returns its exit code (the caller passes it to ``os._exit``)."""
     parent = os.getppid()
     _die_with_parent()
@@ -64,19 +64,19 @@ def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
             return 0
         meta, body = pipes.split_blob(payload)
         job_id, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
-        action, state, reason, runtime, stored = _run(
-            app, headers, body, content_type, queue, delivery_count, hostname, soft_limit)
+        action, state, reason, runtime, stored, shown = _run(
+            app, headers, body, content_type, queue, delivery_count, hostname, soft_limit,
+            task_events)
         done_tasks += 1
         retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
         # The result travels with DONE: the parent stores it (batched with other
         # children's) before it acknowledges the message.
-        if stored is None:
-            meta = (job_id, action, state, reason, runtime, retire)
-            pipes.write_all(result_w, pipes.frame_with_blob(pipes.DONE, meta, b""))
-        else:
-            meta = (job_id, action, state, reason, runtime, retire, stored.content_type,
-                    stored.expires_at)
-            pipes.write_all(result_w, pipes.frame_with_blob(pipes.DONE, meta, stored.data))
+        meta = [job_id, action, state, reason, runtime, retire]
+        if stored is not None or shown is not None:
+            meta += [stored.content_type if stored else None,
+                     stored.expires_at if stored else None, shown]
+        pipes.write_all(result_w, pipes.frame_with_blob(
+            pipes.DONE, meta, stored.data if stored else b""))
         if retire:
             return 0
         if os.getppid() != parent:
@@ -84,14 +84,15 @@ def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
 
 
 def _run(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str, queue: str,
-         delivery_count: int, hostname: str, soft_limit: float | None) -> Result:
+         delivery_count: int, hostname: str, soft_limit: float | None, task_events: bool
+         ) -> Result:
     if soft_limit:
         signal.setitimer(signal.ITIMER_REAL, soft_limit)
     try:
         return execute_message(app, headers, body, content_type, queue, delivery_count,
-                               hostname)
+                               hostname, task_events)
     except SoftTimeLimitExceeded as exc:  # fired outside the task body (rare)
-        return "ack", None, repr(exc), 0.0, None
+        return "ack", None, repr(exc), 0.0, None, None
     finally:
         if soft_limit:
             signal.setitimer(signal.ITIMER_REAL, 0)

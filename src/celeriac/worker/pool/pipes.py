@@ -33,7 +33,8 @@ STOP = 2
 # Child -> parent
 UP = 10
 DONE = 11  # frame_with_blob: [job id, action, state, reason, runtime, retire] and, with a
-#           result to store, [..., content_type, expires_at] + the encoded result
+#           result to store or task events on, [..., content_type, expires_at, shown]
+#           + the encoded result
 RELAY_RESULT = 12  # a result for a backend that lives in the parent's memory:
 #                    frame_with_blob, [task_id, content_type, expires_at] + the result
 RELAY_PUBLISH = 13  # a message for a transport that lives in the parent's memory

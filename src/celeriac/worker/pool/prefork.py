@@ -25,7 +25,7 @@ from ... import states
 from ...backends.base import Stored
 from ...errors import TimeLimitExceeded, WorkerLostError
 from ...protocol import Message
-from ..execute import Job, Outcome
+from ..execute import Job, Outcome, Shown, exception_repr
 from ..timer import Entry, Timer
 from . import child as child_main
 from . import pipes
@@ -94,7 +94,8 @@ class PreforkPool(Pool):
                 os.close(job_w)
                 os.close(result_r)
                 code = child_main.main(self.app, job_r, result_w, parent_fds,
-                                       self.max_tasks_per_child, self.max_memory_per_child)
+                                       self.max_tasks_per_child, self.max_memory_per_child,
+                                       self.task_events)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -203,7 +204,12 @@ class PreforkPool(Pool):
         job = proc.job
         if job is None or job.id != job_id:
             return  # already settled (hard time limit fired as it finished)
-        stored = Stored(job.headers["id"], meta[6], data, meta[7]) if len(meta) > 6 else None
+        stored = shown = None
+        if len(meta) > 6:
+            if meta[6] is not None:
+                stored = Stored(job.headers["id"], meta[6], data, meta[7])
+            if meta[8] is not None:
+                shown = (meta[8][0], meta[8][1])
         if retire:
             proc.retiring = True  # the child exits by itself
             logger.info("child %d recycled (max tasks or memory per child)", proc.pid)
@@ -212,7 +218,7 @@ class PreforkPool(Pool):
         self._finish(proc)
         # The slot that opened is reported by on_done (the consumer dispatches from
         # there); on_ready is only for slots that open otherwise.
-        self.on_done(job, Outcome(action, state, reason, runtime, stored))
+        self.on_done(job, Outcome(action, state, reason, runtime, stored, shown))
 
     def _finish(self, proc: ChildProc) -> None:
         """``proc`` no longer runs its job (done, timed out or lost)."""
@@ -232,10 +238,11 @@ class PreforkPool(Pool):
         name, task_id = job.headers["task"], job.headers["id"]
         logger.error("Task %s[%s] hard time limit (%ss) exceeded; killing child %d",
                      name, task_id, limit, proc.pid)
-        stored = self._failure(job, TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
+        exc = TimeLimitExceeded(f"hard time limit ({limit}s) exceeded")
         self._kill(proc, "hard time limit")
         self._finish(proc)
-        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit", stored=stored))
+        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit",
+                                  stored=self._failure(job, exc), shown=self._shown(exc)))
 
     def on_child_exit(self, proc: ChildProc, status: int) -> None:
         """Called by the supervisor once ``proc`` has been reaped."""
@@ -269,8 +276,12 @@ class PreforkPool(Pool):
         reason = (f"{how} (delivery {job.delivery_count} of {limit})" if acks_late
                   else f"{how}; acks_late=False, not redelivered")
         logger.error("Task %s[%s] failed: WorkerLostError: %s", name, task_id, reason)
+        exc = WorkerLostError(reason)
         return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason,
-                       stored=self._failure(job, WorkerLostError(reason)))
+                       stored=self._failure(job, exc), shown=self._shown(exc))
+
+    def _shown(self, exc: BaseException) -> Shown | None:
+        return (exception_repr(exc), None) if self.task_events else None
 
     def _failure(self, job: Job, exc: BaseException) -> Stored | None:
         """The failure to store for ``job`` (the consumer stores it before settling)."""

@@ -50,7 +50,7 @@ class SoloPool(Pool):
     def _work(self) -> None:
         while (job := self._jobs.get()) is not _STOP:
             try:
-                outcome = execute(self.app, job)
+                outcome = execute(self.app, job, self.task_events)
             except BaseException as exc:
                 logger.exception("Task %s[%s] crashed the executor", job.headers.get("task"),
                                  job.headers.get("id"))
