@@ -6,15 +6,12 @@ rather than one message per freed slot. It reads only headers: a message that is
 malformed, for an unknown task, expired, or lost too many times is settled here without
 ever reaching the pool.
 
-One coroutine, the pump, makes the broker calls of the hot path, one at a time: it stores
-the results of finished tasks, acknowledges their messages and fetches more, all in one
-exchange (one script on Redis when the results live on the broker's server). While an
-exchange is in flight, completions gather for the next one, so batches grow with the load
-and a lone task is settled at once. When the queues are empty, a sleeper (a blocking
-fetch) waits in the broker for the next message while the pump goes on settling.
-
-Ordering: a result is stored before, or in the same script as, its message's ack; a
-crash in between redelivers the task rather than losing its result.
+One coroutine, the pump, makes the hot path's broker calls, one at a time: it stores the
+results of finished tasks, acks their messages and fetches more in one exchange (one
+script on Redis when the results live on the broker's server). Completions gather while an
+exchange is in flight, so batches grow with the load and a lone task is settled at once.
+When the queues are empty, a sleeper waits in the broker while the pump goes on settling.
+Ordering: a result is stored before, or in the same script as, its message's ack.
 """
 
 from __future__ import annotations
@@ -110,7 +107,11 @@ class Consumer:
             self._sleeper.cancel()
             await asyncio.gather(self._sleeper, return_exceptions=True)
         # An exchange in flight may bring messages: they must land before a give-back.
-        await self._quiet.wait()
+        try:
+            async with asyncio.timeout(self._guard()):
+                await self._quiet.wait()
+        except TimeoutError:
+            await self._abandon("fetching")
 
     async def give_back_reserved(self) -> int:
         """Return prefetched messages that never started; their delivery is not counted."""
@@ -126,13 +127,32 @@ class Consumer:
         self._closing = True
         self._wake.set()
         if self._pump is not None:
-            await asyncio.gather(self._pump, return_exceptions=True)
+            try:
+                async with asyncio.timeout(self._guard()):
+                    await asyncio.gather(self._pump, return_exceptions=True)
+            except TimeoutError:
+                await self._abandon("settling")
             self._pump = None
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
+
+    def _guard(self) -> float:
+        # How long stopping waits for an exchange in flight: a broker that neither
+        # answers nor drops the connection must not hold the shutdown forever.
+        return 2 * self.app.settings.broker_connection_timeout + 1
+
+    async def _abandon(self, doing: str) -> None:
+        logger.error("the broker did not answer within %.0fs while %s; stopping without "
+                     "it (what this worker holds is redelivered when its lease ends)",
+                     self._guard(), doing)
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
+            self._pump = None
+        self._quiet.set()
 
     # -- the pump -------------------------------------------------------------------------
     def _want(self) -> int:
@@ -280,8 +300,6 @@ class Consumer:
         name, task_id = headers["task"], headers["id"]
         events = self.events
         if name not in self.app.tasks:
-            if events is not None:
-                events.rejected(task_id, f"unknown task {name!r}", requeue=False)
             return self._dead_letter(d, f"unknown task {name!r}", task_id)
         losses = d.delivery_count - 1
         if losses >= self.app.settings.task_max_deliveries:
@@ -304,9 +322,7 @@ class Consumer:
                          "exc_module": "celeriac.errors", "exc_message": ["expired"]})
             self._acks.append(d)
             if events is not None:
-                self._finals.append(("task-revoked", {
-                    "uuid": task_id, "reason": "expired", "expired": True,
-                    "terminated": False}))
+                self._finals.append(events.expired(task_id))
             return self._wake.set()
         eta = parse_time(headers.get("eta"))
         if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
@@ -368,6 +384,8 @@ class Consumer:
     def _dead_letter(self, d: Delivery, reason: str, task_id: str | None = None) -> None:
         logger.error("dead-lettered message %s from queue %r: %s", task_id or "(no id)",
                      d.queue, reason)
+        if task_id is not None and self.events is not None:
+            self.events.rejected(task_id, reason, requeue=False)
         self._spawn(self.transport.dead_letter(d, reason))
         self._wake.set()
 

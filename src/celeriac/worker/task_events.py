@@ -57,12 +57,12 @@ class TaskEvents:
     def started(self, task_id: str) -> None:
         self.dispatcher.send("task-started", uuid=task_id)
 
-    def revoked(self, task_id: str, reason: str, *, expired: bool) -> None:
-        self.dispatcher.send("task-revoked", uuid=task_id, reason=reason, expired=expired,
-                             terminated=False)
-
     def rejected(self, task_id: str, reason: str, *, requeue: bool) -> None:
         self.dispatcher.send("task-rejected", uuid=task_id, reason=reason, requeue=requeue)
+
+    def expired(self, task_id: str) -> Final:
+        return "task-revoked", {"uuid": task_id, "reason": "expired", "expired": True,
+                                "terminated": False}
 
     def failed(self, task_id: str, exception: str, traceback: str | None = None,
                runtime: float = 0.0) -> Final:
