@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from celeriac import Celeriac
 from celeriac.testing import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -112,3 +113,33 @@ def test_without_heartbeat_sends_no_worker_events(
     finally:
         quiet.kill()
         loud.kill()
+
+
+def test_dump_shows_each_tasks_lifecycle_in_order(
+        dump: Dump, events_env: dict[str, str], tmp_path: Path, app: Celeriac) -> None:
+    from tests.integration import app_tasks
+
+    w = _worker(events_env, tmp_path, "-n", "life@test", "-E")
+    try:
+        w.start()
+        ok = app_tasks.add.delay(2, 3)
+        bad = app_tasks.boom.delay("value")
+        retried = app_tasks.flaky.delay(7)
+        assert ok.get(timeout=10) == 5 and retried.get(timeout=10) == 7
+
+        def lifecycle(task_id: str) -> list[str]:
+            return [line.split()[3] for line in list(dump.lines) if task_id in line]
+
+        dump.wait(lambda: "task-failed" in lifecycle(bad.id) and
+                  lifecycle(retried.id).count("task-succeeded") == 1,
+                  "the tasks' final events never came")
+    finally:
+        w.kill()
+    assert lifecycle(ok.id) == ["task-received", "task-started", "task-succeeded"]
+    assert lifecycle(bad.id) == ["task-received", "task-started", "task-failed"]
+    assert lifecycle(retried.id) == ["task-received", "task-started", "task-retried"] * 2 + [
+        "task-received", "task-started", "task-succeeded"]
+    failed = next(line for line in dump.lines if bad.id in line and "task-failed" in line)
+    assert "ValueError" in failed
+    received = next(line for line in dump.lines if ok.id in line and "task-received" in line)
+    assert "(2, 3)" in received and "life@test" in received
