@@ -89,7 +89,7 @@ class Settings:
     """Producers send a ``task-sent`` event for every message they publish."""
     events_hide_args: bool = False
     """Leave task arguments out of events altogether (they may hold personal data)."""
-    events_buffer_limit: int = 100
+    events_buffer_limit: int = 1000
     """Task events are sent in batches of up to this many..."""
     events_flush_interval: float = 0.1
     """...or after this many seconds, whichever comes first."""
