@@ -230,6 +230,20 @@ def test_disabled_dispatcher_starts_no_thread(make: Any) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def _exit_code(pid: int, hung: str, timeout: float = 10.0) -> int:
+    """The forked child's exit code; kills it and fails with ``hung`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(hung)
+        time.sleep(0.01)  # sleep-ok: polling a child's exit status with a deadline
+
+
 def test_forked_child_does_not_deadlock_on_the_dispatcher(make: Any) -> None:
     d = make()
     d.send("task-received", uuid="u1")
@@ -256,17 +270,7 @@ def test_forked_child_does_not_deadlock_on_the_dispatcher(make: Any) -> None:
             os._exit(code)
     release.set()
     holder.join(5)
-    deadline = time.monotonic() + 10
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child deadlocked on the dispatcher")
-        time.sleep(0.01)  # polling a child's exit status with a deadline
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert _exit_code(pid, "the forked child deadlocked on the dispatcher") == 0
     assert d.send("task-received", uuid="u3") is not None   # the parent's still works
 
 
@@ -378,16 +382,6 @@ def test_fork_waits_for_the_sender_to_leave_the_client_library() -> None:
         pid = os.fork()
         if pid == 0:  # had fork not waited, the library's lock would be held forever here
             os._exit(0 if transport.library.acquire(timeout=2) else 3)
-        deadline = time.monotonic() + 10
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                pytest.fail("the child hung on a lock the sender thread held at fork")
-            time.sleep(0.01)  # sleep-ok: polling a child's exit status with a deadline
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _exit_code(pid, "the child hung on a lock the sender thread held at fork") == 0
     finally:
         d.close(timeout=1)
