@@ -329,7 +329,7 @@ class RedisTransport(Transport):
 
     # -- broadcast ----------------------------------------------------------------------
     def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
-        self.conn.call(lambda client, ns: client.publish(f"{ns}:bc:{channel}", payload))
+        self.conn.run("broadcast", [channel, payload])
 
     async def subscribe(self, channel: str) -> Subscription:
         async def open_(client: aredis.Redis, ns: str) -> Subscription:
