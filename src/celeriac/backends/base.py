@@ -83,8 +83,11 @@ class ResultBackend(abc.ABC):
 
     # -- what each backend implements ---------------------------------------------------
     @abc.abstractmethod
-    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
-             ) -> None: ...
+    def store_many(self, items: Sequence[Stored]) -> None:
+        """Store encoded results (``encode``); on return every one of them is stored.
+
+        The one write path: ``store`` is a batch of one; the worker stores its batches
+        in one round trip or transaction."""
 
     @abc.abstractmethod
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
@@ -104,17 +107,11 @@ class ResultBackend(abc.ABC):
     def close(self) -> None:
         """Release connections held by this process."""
 
-    def store_many(self, items: Sequence[Stored]) -> None:
-        """Store encoded results (``encode``); on return every one of them is stored.
-
-        Backends override this to write a batch in one round trip or transaction."""
-        for item in items:
-            self._put(*item)
-
     # -- shared logic -------------------------------------------------------------------
     def store(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
               retries: int = 0) -> None:
-        self._put(*self.encode(task_id, state, result, traceback=traceback, retries=retries))
+        self.store_many([self.encode(task_id, state, result, traceback=traceback,
+                                     retries=retries)])
 
     def encode(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
                retries: int = 0) -> Stored:

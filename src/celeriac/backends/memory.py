@@ -44,10 +44,6 @@ class MemoryBackend(ResultBackend):
             self._s = _STORES.setdefault(url.rstrip("/"), _Store())
         self._seen = threading.local()
 
-    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
-             ) -> None:
-        self.store_many([Stored(task_id, content_type, data, expires_at)])
-
     def store_many(self, items: Sequence[Stored]) -> None:
         s = self._s
         with s.changed:

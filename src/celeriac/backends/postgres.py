@@ -311,10 +311,6 @@ class PostgresBackend(ResultBackend):
             state.listener.conn.close()  # the next _wait listens again and returns at once
 
     # -- the backend ------------------------------------------------------------------
-    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
-             ) -> None:
-        self.store_many([Stored(task_id, content_type, data, expires_at)])
-
     def store_many(self, items: Sequence[Stored]) -> None:
         if not items:
             return

@@ -50,10 +50,6 @@ class RedisBackend(ResultBackend):
                               read_timeout=settings.broker_connection_timeout + _MAX_BLOCK)
         self._local = threading.local()
 
-    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
-             ) -> None:
-        self.store_many([Stored(task_id, content_type, data, expires_at)])
-
     def store_many(self, items: Sequence[Stored]) -> None:
         if not items:
             return

@@ -60,10 +60,6 @@ class SQLiteBackend(ResultBackend):
             self._listeners.append(listener)
         return listener
 
-    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
-             ) -> None:
-        self.store_many([Stored(task_id, content_type, data, expires_at)])
-
     def store_many(self, items: Sequence[Stored]) -> None:
         if not items:
             return

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...backends.base import ResultBackend, backend_class
+from ...backends.base import ResultBackend, Stored, backend_class
 from ...errors import SoftTimeLimitExceeded
 from ...protocol import Delivery, Message
 from ...transports.base import DeadLetter, Outgoing, Subscription, Transport, transport_class
@@ -221,10 +221,10 @@ class RelayBackend(ResultBackend):
         super().__init__(url, settings)
         self.fd = fd
 
-    def _put(self, task_id: str, content_type: str, data: bytes, expires_at: float | None
-             ) -> None:
-        meta = (task_id, content_type, expires_at)
-        pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_RESULT, meta, data))
+    def store_many(self, items: Sequence[Stored]) -> None:
+        for task_id, content_type, data, expires_at in items:
+            meta = (task_id, content_type, expires_at)
+            pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_RESULT, meta, data))
 
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         raise NotImplementedError("read results from the caller, not from a pool child")

@@ -188,7 +188,7 @@ class PreforkPool(Pool):
                 self._on_done_frame(proc, payload)
             elif kind == pipes.RELAY_RESULT:
                 (task_id, content_type, expires_at), blob = pipes.split_blob(payload)
-                self.app.backend._put(task_id, content_type, blob, expires_at)
+                self.app.backend.store_many([Stored(task_id, content_type, blob, expires_at)])
             elif kind == pipes.UP:
                 proc.up = True
                 self._set_idle(proc)
