@@ -8,8 +8,7 @@ the shared Redis and deletes its keys after.
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -20,53 +19,18 @@ from celeriac import states
 from celeriac._redis import Connector
 from celeriac._resp import AsyncLane, SyncLane, lane_params
 from celeriac.backends.redis import RedisBackend
-from celeriac.protocol import Delivery, Message
 from celeriac.settings import Settings
 from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
+from tests.contracts import redis_support
+from tests.contracts.redis_support import ids, message
 from tests.services import require
+
+# The shared fixtures: a namespace of the test's own, its URL, transports made in it.
+ns, url, make = redis_support.ns, redis_support.url, redis_support.make
 
 T = TypeVar("T")
 Q = "lanes"
-
-
-def message(n: int) -> Message:
-    return Message(headers={"task": "t", "id": f"id-{n}"}, body=f"b{n}".encode())
-
-
-def ids(deliveries: list[Delivery]) -> list[str]:
-    return [d.message.headers["id"] for d in deliveries]
-
-
-@pytest.fixture
-def ns() -> Iterator[str]:
-    require("redis")
-    name = f"l{uuid.uuid4().hex[:12]}"
-    yield name
-    admin = redis.Redis()
-    keys = list(admin.scan_iter(match=f"{name}*", count=1000))
-    if keys:
-        admin.delete(*keys)
-    admin.close()
-
-
-@pytest.fixture
-def url(ns: str) -> str:
-    return f"{require('redis')}?namespace={ns}"
-
-
-@pytest.fixture
-def make(url: str) -> Iterator[Callable[..., RedisTransport]]:
-    made: list[RedisTransport] = []
-
-    def factory(**settings: Any) -> RedisTransport:
-        t = RedisTransport(url, Settings(broker_url=url, **settings))
-        made.append(t)
-        return t
-
-    yield factory
-    for t in made:
-        t.close()
 
 
 def count_calls(lane: Any) -> list[str]:

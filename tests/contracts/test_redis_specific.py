@@ -14,7 +14,6 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,11 +26,16 @@ from celeriac._redis import mask_password, script_source
 from celeriac.backends import redis as redis_backend
 from celeriac.backends.redis import RedisBackend
 from celeriac.errors import BrokerUnavailable, OperationalError
-from celeriac.protocol import DECODE_ERROR_HEADER, Delivery, Message
+from celeriac.protocol import DECODE_ERROR_HEADER, Delivery
 from celeriac.settings import Settings
 from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
+from tests.contracts import redis_support
+from tests.contracts.redis_support import ids, message
 from tests.services import IN_CI, reachable, require
+
+# The shared fixtures: a namespace of the test's own, its URL, transports made in it.
+ns, url, make = redis_support.ns, redis_support.url, redis_support.make
 
 T = TypeVar("T")
 Q = "specific"
@@ -41,47 +45,6 @@ DOWN = "redis://127.0.0.1:1/0"
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
-
-
-def message(n: int, *, priority: int = 0) -> Message:
-    return Message(headers={"task": "t", "id": f"id-{n}"}, body=f"b{n}".encode(),
-                   properties={"priority": priority})
-
-
-def ids(deliveries: list[Delivery]) -> list[str]:
-    return [d.message.headers["id"] for d in deliveries]
-
-
-@pytest.fixture
-def ns() -> Iterator[str]:
-    require("redis")
-    name = f"s{uuid.uuid4().hex[:12]}"
-    yield name
-    admin = redis.Redis()
-    keys = list(admin.scan_iter(match=f"{name}:*", count=1000))
-    if keys:
-        admin.delete(*keys)
-    admin.close()
-
-
-@pytest.fixture
-def url(ns: str) -> str:
-    return f"{require('redis')}?namespace={ns}"
-
-
-@pytest.fixture
-def make(url: str) -> Iterator[Callable[..., RedisTransport]]:
-    made: list[RedisTransport] = []
-
-    def factory(broker_url: str | None = None, **settings: Any) -> RedisTransport:
-        full = broker_url or url
-        t = RedisTransport(full.split(";")[0], Settings(broker_url=full, **settings))
-        made.append(t)
-        return t
-
-    yield factory
-    for t in made:
-        t.close()
 
 
 def count_commands(client: Any, sent: list[str] | None = None) -> list[str]:
