@@ -250,9 +250,10 @@ def _idle_fetch(transport: TransportFactory, fetching: Any) -> tuple[list[Delive
     return run(scenario())
 
 
-def test_idle_fetch_wakes_on_publish_from_another_thread(transport: TransportFactory) -> None:
-    producer = transport()  # its own instance (and, for a real broker, its own connection)
-    fetching = threading.Event()
+def _publish_once_fetching(producer: Transport, fetching: threading.Event
+                           ) -> tuple[threading.Thread, list[float]]:
+    """A thread that publishes one message once the consumer sleeps in its fetch; the
+    list gets the time it was published."""
     published_at: list[float] = []
 
     def publish_later() -> None:
@@ -263,6 +264,13 @@ def test_idle_fetch_wakes_on_publish_from_another_thread(transport: TransportFac
 
     thread = threading.Thread(target=publish_later)
     thread.start()
+    return thread, published_at
+
+
+def test_idle_fetch_wakes_on_publish_from_another_thread(transport: TransportFactory) -> None:
+    producer = transport()  # its own instance (and, for a real broker, its own connection)
+    fetching = threading.Event()
+    thread, published_at = _publish_once_fetching(producer, fetching)
     try:
         got, returned_at = _idle_fetch(transport, fetching)
     finally:
@@ -301,7 +309,6 @@ def test_consumer_connecting_right_after_a_publish_wakes_on_the_next(
     """A producer that has published before must still reach consumers that came later."""
     producer = transport()
     fetching = threading.Event()
-    published_at: list[float] = []
 
     async def scenario() -> tuple[list[Delivery], float]:
         await consumer(transport, "early-1")
@@ -313,14 +320,7 @@ def test_consumer_connecting_right_after_a_publish_wakes_on_the_next(
         got = await late.fetch([Q], 10, 5.0)
         return got, time.monotonic()
 
-    def publish_later() -> None:
-        assert fetching.wait(5)
-        time.sleep(IDLE)  # sleep-ok: let the consumer fall asleep in its fetch: that is the point
-        producer.publish(Q, message(1))
-        published_at.append(time.monotonic())
-
-    thread = threading.Thread(target=publish_later)
-    thread.start()
+    thread, published_at = _publish_once_fetching(producer, fetching)
     try:
         got, returned_at = run(scenario())
     finally:
