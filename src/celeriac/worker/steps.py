@@ -12,9 +12,6 @@ from .timer import Timer
 
 logger = logging.getLogger("celeriac.worker.steps")
 
-FORK_FLUSH_TIMEOUT = 2.0
-"""At most this long (s) the pool waits for the events thread before forking."""
-
 
 class TimerStep(Step):
     async def start(self) -> None:
@@ -34,13 +31,8 @@ class PoolStep(Step):
         self.pool.on_fatal = w.fail
         self.pool.task_events = w.task_events
         w.pool = self.pool
-        events = getattr(w, "events", None)
-        if events is not None:
-            # The events thread is sending worker-online (opening its connection) right
-            # now. A child forked while that thread is inside a C library (SQLite's open
-            # takes a process-wide mutex) inherits the lock with no thread to release
-            # it, and hangs at its first use of the library: let the thread finish first.
-            events.flush(FORK_FLUSH_TIMEOUT)
+        # Forks wait for the events thread to leave its broker client (events/dispatcher.py
+        # _IO_LOCK): a child never inherits a C library's mutex held by that thread.
         await self.pool.start()
 
     async def stop(self) -> None:
