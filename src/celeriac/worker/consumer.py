@@ -64,10 +64,8 @@ class Consumer:
         """Dead letters that wait for their result to be stored first."""
         self._finals: list[Final] = []
         """Task events that wait for their result to be stored first."""
-        events = getattr(worker, "events", None)
-        self.events = (TaskEvents(events, self.app.settings.events_hide_args)
-                       if events is not None and getattr(worker, "task_events", False)
-                       else None)
+        self.events = (TaskEvents(worker.events, self.app.settings.events_hide_args)
+                       if worker.events is not None and worker.task_events else None)
         self._wake = asyncio.Event()
         self._quiet = asyncio.Event()
         """Set while no exchange is in flight."""
