@@ -1,6 +1,7 @@
 """End-to-end no-op benchmark: celeriac against Celery (and peers) on one Redis (``make bench``).
 
-For each system under test and each run, on a fresh, empty broker and result store:
+Runs are interleaved (run 1 of every system, then run 2 of every system...). In each run
+of each system, on a fresh, empty broker and result store:
 
 1. enqueue (bulk): N no-op tasks through the system's bulk API (each bulk method in
    turn); the queue is purged after each.
@@ -870,32 +871,42 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
             system.teardown()
 
 
-def bench(system: System, opts: argparse.Namespace, root: Path) -> Outcome:
-    outcome = Outcome(system)
-    if isinstance(system, PeerSystem):
-        system.timeout = opts.timeout
+def bench(systems: list[System], opts: argparse.Namespace, root: Path) -> list[Outcome]:
+    """Run i of every system, then run i + 1 of every system...: interleaved, so that a
+    machine that slows down or speeds up over the minutes of a bench (these are shared
+    machines) weighs on every system alike, and ratios between them hold."""
+    outcomes = [Outcome(system) for system in systems]
     try:
+        for system in systems:
+            if isinstance(system, PeerSystem):
+                system.timeout = opts.timeout
         for i in range(1, opts.runs + 1):
-            workdir = root / f"{system.name.replace(' ', '-')}-{i}"
-            workdir.mkdir()
-            try:
-                run = measure(system, opts, workdir)
-            except Exception as exc:  # one system failing does not stop the others
-                message = str(exc) if isinstance(exc, BenchError) else \
-                    f"{type(exc).__name__}: {exc}"
-                outcome.error = f"run {i}: {message}"
-                console.print(f"[red]{system.name} run {i}/{opts.runs} failed: {message}[/]")
-                return outcome
-            outcome.runs.append(run)
-            bulk = "".join(f"  {m} {r:,.0f}/s" for m, r in run.bulk.items())
-            rt = (f"  round trip p50 {run.p50 * 1e3:.2f} ms p99 {run.p99 * 1e3:.2f} ms"
-                  if run.p50 is not None and run.p99 is not None else "")
-            console.print(f"  {system.name} {i}/{opts.runs}: delay {run.enqueue:,.0f}/s{bulk}"
-                          f"  drain {run.drain:,.0f}/s{rt}  worker up "
-                          f"{run.startup * 1000:,.0f} ms")
+            for outcome in outcomes:
+                if outcome.error is None:
+                    run_once(outcome, i, opts, root)
     finally:
-        system.close()
-    return outcome
+        for system in systems:
+            system.close()
+    return outcomes
+
+
+def run_once(outcome: Outcome, i: int, opts: argparse.Namespace, root: Path) -> None:
+    system = outcome.system
+    workdir = root / f"{system.name.replace(' ', '-')}-{i}"
+    workdir.mkdir()
+    try:
+        run = measure(system, opts, workdir)
+    except Exception as exc:  # one system failing does not stop the others
+        message = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+        outcome.error = f"run {i}: {message}"
+        console.print(f"[red]{system.name} run {i}/{opts.runs} failed: {message}[/]")
+        return
+    outcome.runs.append(run)
+    bulk = "".join(f"  {m} {r:,.0f}/s" for m, r in run.bulk.items())
+    rt = (f"  round trip p50 {run.p50 * 1e3:.2f} ms p99 {run.p99 * 1e3:.2f} ms"
+          if run.p50 is not None and run.p99 is not None else "")
+    console.print(f"  {system.name} {i}/{opts.runs}: delay {run.enqueue:,.0f}/s{bulk}"
+                  f"  drain {run.drain:,.0f}/s{rt}  worker up {run.startup * 1000:,.0f} ms")
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -1089,8 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
     with terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix="celeriac-bench-") as tmp:
         try:
             with machine_lock(opts.lock_timeout):
-                for name in names:
-                    outcomes.append(bench(SYSTEMS[name](), opts, Path(tmp)))
+                outcomes = bench([SYSTEMS[name]() for name in names], opts, Path(tmp))
                 overhead = pool_overhead.measure(runs=min(opts.runs, 3)) \
                     if opts.pool_overhead else None
         except KeyboardInterrupt:

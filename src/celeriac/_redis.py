@@ -242,6 +242,18 @@ class Connector:
 
         return self.call(op)
 
+    def command(self, build: Callable[[str], Sequence[Any]]) -> Any:
+        """One command, its arguments ``build(namespace)``, over the lane where there is
+        one (redis-py's ``execute_command`` otherwise), through ``call``."""
+        def op(client: redis.Redis, namespace: str) -> Any:
+            args = build(namespace)
+            lane = self._sync_lane()
+            if lane is not None:
+                return lane.call(*args)
+            return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+        return self.call(op)
+
     def _fail_over(self, failed: Endpoint, exc: BaseException) -> None:
         with self._lock:
             if len(self.endpoints) > 1 and self.endpoint is failed:

@@ -20,11 +20,9 @@ class LamportClock:
 
     __slots__ = ("__weakref__", "_lock", "_value")
 
-    def __init__(self, initial: int = 0, *, lock: threading.Lock | None = None) -> None:
+    def __init__(self, initial: int = 0) -> None:
         self._value = initial
-        # An owner that already holds a lock around its forward() (the dispatcher) passes
-        # it in and advances ``_value`` itself under it.
-        self._lock = lock if lock is not None else threading.Lock()
+        self._lock = threading.Lock()
         _clocks.add(self)
 
     @property
@@ -36,6 +34,14 @@ class LamportClock:
         with self._lock:
             self._value += 1
             return self._value
+
+    def reserve(self, n: int) -> int:
+        """Advance by ``n`` for ``n`` events sent in order; returns the value before: they
+        are stamped with the next ``n`` values."""
+        with self._lock:
+            value = self._value
+            self._value = value + n
+            return value
 
     def adjust(self, other: int) -> int:
         """Take in the clock of a received event; returns the new value."""

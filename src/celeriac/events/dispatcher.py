@@ -1,8 +1,14 @@
 """``EventDispatcher``: stamps events and broadcasts them from a sender thread.
 
-The worker's main process calls ``send()`` for every task event, on its event loop, so
-``send()`` does no I/O: it builds the dict, appends it to a deque under a lock, and at
-most notifies a condition. A daemon thread owns the broker connection:
+The worker's main process queues every task event on its event loop, between the
+steps that move tasks along, so queueing does as little as can be: ``put()`` appends a
+dict that holds its ``type`` and ``timestamp`` to a deque under a lock and at most
+notifies a condition (``send()`` builds that dict from keywords first). Everything else
+happens in a daemon thread, which owns the broker connection: it stamps each event with
+``hostname``, ``pid``, ``utcoffset`` and the Lamport ``clock`` as it takes it from the
+queue (one thread, in queue order: clock order is send order), encodes, and sends.
+Why there: the loop's time per task is what bounds a worker's throughput, and the thread
+mostly runs while the loop waits on its sockets.
 
 - events of the *buffered* groups (``task`` by default) leave in batches, when
   ``events_buffer_limit`` of them wait or ``events_flush_interval`` after the first one
@@ -119,8 +125,7 @@ class EventDispatcher:
         self._dead = False  # a forked child's copy
         self._thread: threading.Thread | None = None
         self._new_locks()
-        # One lock for the clock and the queue: send() takes one lock, not two.
-        self.clock = LamportClock(lock=self._lock)
+        self.clock = LamportClock()
         _dispatchers.add(self)
         if enabled:
             with self._lock:
@@ -166,34 +171,35 @@ class EventDispatcher:
         return self.enabled and self._kind(type) != _OFF
 
     def send(self, type: str, **fields: Any) -> Event | None:
-        """Stamp and queue one event; returns it (do not change it afterwards), or None
-        when the dispatcher or the event's group is disabled. Never blocks on the broker."""
-        if not self.enabled:
-            return None
-        kind = self._kinds.get(type)
-        if kind is None:
-            kind = self._kinds[type] = self._kind(type)
-        if kind == _OFF:
-            return None
+        """Queue one event; returns it, or None when the dispatcher or the event's group is
+        disabled. Never blocks on the broker. The event is stamped with ``hostname``,
+        ``pid``, ``utcoffset`` and ``clock`` as it leaves: do not change it afterwards."""
         fields["type"] = type
-        fields["hostname"] = self.hostname
-        fields["pid"] = self.pid
-        fields["utcoffset"] = self._utcoffset
         fields["timestamp"] = time.time()
+        return fields if self.put(fields) else None
+
+    def put(self, event: Event) -> bool:
+        """``send()`` for a hot path: ``event`` holds its ``type`` and ``timestamp``
+        already. False when the dispatcher or the event's group is disabled."""
+        if not self.enabled:
+            return False
+        type_ = event["type"]
+        kind = self._kinds.get(type_)
+        if kind is None:
+            kind = self._kinds[type_] = self._kind(type_)
+        if kind == _OFF:
+            return False
         lock = self._lock
         lock.acquire()  # not `with`: it costs twice as much, and this is the hot path
         try:
             if self._closing:
-                return None
-            # The clock shares our lock (see __init__): queue order is clock order.
-            clock = self.clock
-            clock._value = fields["clock"] = clock._value + 1
+                return False
             pending = self._pending
             n = len(pending)
             if n >= self.offline_limit:
                 pending.popleft()
                 self.dropped += 1
-            pending.append(fields)
+            pending.append(event)
             if kind == _NOW:
                 self._urgent = True
                 self._wake.notify()
@@ -203,7 +209,7 @@ class EventDispatcher:
                 self._start()
         finally:
             lock.release()
-        return fields
+        return True
 
     def _kind(self, type: str) -> int:
         group = group_of(type)
@@ -327,9 +333,25 @@ class EventDispatcher:
             self._in_flight = take
             return batch
 
+    def _stamp(self, batch: list[Event]) -> None:
+        """Add the sender's fields and the clock to the events that have none yet (a
+        batch that failed comes back stamped: its clocks stay)."""
+        fresh = [e for e in batch if "clock" not in e]
+        if not fresh:
+            return
+        value = self.clock.reserve(len(fresh))
+        hostname, pid, offset = self.hostname, self.pid, self._utcoffset
+        for event in fresh:
+            value += 1
+            event["hostname"] = hostname
+            event["pid"] = pid
+            event["utcoffset"] = offset
+            event["clock"] = value
+
     def _broadcast(self, batch: list[Event]) -> tuple[int, Exception | None]:
         """Send ``batch`` as payloads of one group each; returns how many events went,
         and the error that stopped it."""
+        self._stamp(batch)
         start = 0
         while start < len(batch):
             group = group_of(batch[start]["type"])
@@ -350,7 +372,10 @@ class EventDispatcher:
 
     def _encode(self, events: list[Event]) -> bytes | None:
         try:
-            return orjson.dumps(events, default=repr, option=orjson.OPT_NON_STR_KEYS)
+            try:
+                return orjson.dumps(events, default=repr)
+            except TypeError:  # a dict with keys that are not strings, or worse
+                return orjson.dumps(events, default=repr, option=orjson.OPT_NON_STR_KEYS)
         except TypeError as exc:  # orjson.JSONEncodeError: int over 64 bits, deep nesting
             logger.error("events: dropping %d event(s) that cannot be encoded as JSON "
                          "(%s; first: %s)", len(events), exc, events[0]["type"])

@@ -28,10 +28,11 @@ from .. import states
 from ..errors import WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow, validate_headers
 from .execute import Job, Outcome, exception_repr
-from .task_events import Final, TaskEvents
+from .task_events import TaskEvents
 
 if TYPE_CHECKING:
     from ..backends.base import Stored
+    from ..events import Event
     from ..transports.base import Transport
     from . import Worker
     from .pool.base import Pool
@@ -62,7 +63,7 @@ class Consumer:
         self._results: list[Stored] = []
         self._after: list[tuple[Delivery, str]] = []
         """Dead letters that wait for their result to be stored first."""
-        self._finals: list[Final] = []
+        self._finals: list[Event] = []
         """Task events that wait for their result to be stored first."""
         self.events = (TaskEvents(worker.events, self.app.settings.events_hide_args)
                        if worker.events is not None and worker.task_events else None)
@@ -197,8 +198,8 @@ class Consumer:
             for delivery, reason in after:
                 self._spawn(self.transport.dead_letter(delivery, reason))
             if finals and self.events is not None:
-                for type_, fields in finals:
-                    self.events.send(type_, fields)
+                for event in finals:
+                    self.events.put(event)
             if limit:
                 self._drained = len(batch) < limit
             if batch:
@@ -233,7 +234,7 @@ class Consumer:
         await self.loop.run_in_executor(self._executor, backend.store_many, results)
 
     def _put_back(self, acks: list[Delivery], results: list[Stored],
-                  after: list[tuple[Delivery, str]], finals: list[Final]) -> None:
+                  after: list[tuple[Delivery, str]], finals: list[Event]) -> None:
         # In front of what came meanwhile: the next exchange retries them (a repeat is
         # harmless: stores overwrite, acks of settled messages are no-ops).
         self._acks[:0] = acks
