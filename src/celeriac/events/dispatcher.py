@@ -28,8 +28,9 @@ a ``task-received`` / ``task-sent`` event (the worker's consumer, ``app.send_tas
 leaves ``args`` and ``kwargs`` out. The dispatcher sends whatever fields it is given.
 
 After ``fork()`` the child has no sender thread: its copies of the dispatchers are
-disabled, with fresh locks, so nothing the parent's thread held can block the child.
-Code in a child that wants to send events makes a dispatcher of its own.
+disabled, with fresh locks, so nothing the parent's thread held can block the child
+(``forking`` also makes a fork wait for the sender to leave its broker client). Code in
+a child that wants to send events makes a dispatcher of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import os
 import socket
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..transports.base import Transport, create_transport
+from . import forking
 from .clock import LamportClock
 
 if TYPE_CHECKING:
@@ -61,7 +62,6 @@ BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 2.0
 _UTCOFFSET_EVERY = 60.0
 
-_dispatchers: weakref.WeakSet[EventDispatcher] = weakref.WeakSet()
 _OFF, _BUFFERED, _NOW = 0, 1, 2
 
 
@@ -126,10 +126,19 @@ class EventDispatcher:
         self._thread: threading.Thread | None = None
         self._new_locks()
         self.clock = LamportClock()
-        _dispatchers.add(self)
+        forking.register(self)
         if enabled:
             with self._lock:
                 self._start()
+
+    def _after_fork_in_child(self) -> None:
+        """This copy in a forked child: disabled, with fresh locks and nothing queued."""
+        self._new_locks()
+        self._dead = True
+        self.enabled = False
+        self._thread = None
+        self._pending = deque()
+        self._in_flight = 0
 
     def _new_locks(self) -> None:
         self._lock = threading.Lock()
@@ -253,7 +262,7 @@ class EventDispatcher:
     def _close_transport(self) -> None:
         if self._own_transport and not self._dead:
             try:
-                with _IO_LOCK:
+                with forking.io_lock():
                     self.transport.close()
             except Exception as exc:
                 logger.debug("closing the events transport: %s", exc)
@@ -362,7 +371,7 @@ class EventDispatcher:
             payload = self._encode(batch[start:end])
             if payload is not None:
                 try:
-                    with _IO_LOCK:
+                    with forking.io_lock():
                         self.transport.broadcast(EVENTS_CHANNEL, payload,
                                                  routing_key(batch[start]["type"]))
                 except Exception as exc:  # whatever the client raises: an outage to wait out
@@ -404,45 +413,3 @@ class EventDispatcher:
             self._idle.notify_all()
         logger.warning("events: %d event(s) not sent: the broker was unreachable at close",
                        lost)
-
-
-# Held around every call into a client library (SQLite, hiredis, pika...) by a sender
-# thread, and taken by fork(): a child forked while the thread was inside the library
-# would inherit a C-level mutex that no thread of the child will ever release (seen: a
-# pool child hung in sqlite3.connect). So fork waits for the sender to leave the
-# library, up to FORK_WAIT seconds (one connection attempt to a broker that is down);
-# past that it forks anyway rather than stall the worker.
-_IO_LOCK = threading.Lock()
-FORK_WAIT = 5.0
-_fork_held = False
-
-
-def _before_fork() -> None:
-    global _fork_held
-    _fork_held = _IO_LOCK.acquire(timeout=FORK_WAIT)
-    if not _fork_held:
-        logger.warning("forking while the event sender is still in a broker call")
-
-
-def _after_fork_in_parent() -> None:
-    global _fork_held
-    if _fork_held:
-        _fork_held = False
-        _IO_LOCK.release()
-
-
-def _after_fork_in_child() -> None:
-    global _IO_LOCK, _fork_held
-    _IO_LOCK, _fork_held = threading.Lock(), False
-    for d in list(_dispatchers):
-        d._new_locks()
-        d._dead = True
-        d.enabled = False
-        d._thread = None
-        d._pending = deque()
-        d._in_flight = 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)

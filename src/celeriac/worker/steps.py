@@ -31,8 +31,8 @@ class PoolStep(Step):
         self.pool.on_fatal = w.fail
         self.pool.task_events = w.task_events
         w.pool = self.pool
-        # Forks wait for the events thread to leave its broker client (events/dispatcher.py
-        # _IO_LOCK): a child never inherits a C library's mutex held by that thread.
+        # Forks wait for the events thread to leave its broker client (events/forking.py):
+        # a child never inherits a C library's mutex held by that thread.
         await self.pool.start()
 
     async def stop(self) -> None:
