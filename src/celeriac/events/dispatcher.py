@@ -1,9 +1,10 @@
 """``EventDispatcher``: stamps events and broadcasts them from a sender thread.
 
 The worker's main process queues every task event on its event loop, between the
-steps that move tasks along, so queueing does as little as can be: ``put()`` appends a
-dict that holds its ``type`` and ``timestamp`` to a deque under a lock and at most
-notifies a condition (``send()`` builds that dict from keywords first). Everything else
+steps that move tasks along, so queueing does as little as can be: ``put_many()`` appends
+dicts that hold their ``type`` and ``timestamp`` to a deque under one lock and at most
+notifies a condition (``put()`` is that for one event; ``send()`` builds the dict from
+keywords first). Everything else
 happens in a daemon thread, which owns the broker connection: it stamps each event with
 ``hostname``, ``pid``, ``utcoffset`` and the Lamport ``clock`` as it takes it from the
 queue (one thread, in queue order: clock order is send order), encodes, and sends.
@@ -188,37 +189,48 @@ class EventDispatcher:
         return fields if self.put(fields) else None
 
     def put(self, event: Event) -> bool:
-        """``send()`` for a hot path: ``event`` holds its ``type`` and ``timestamp``
-        already. False when the dispatcher or the event's group is disabled."""
+        """``send()`` for an event that holds its ``type`` and ``timestamp`` already.
+        False when the dispatcher or the event's group is disabled."""
+        return self.put_many((event,)) == 1
+
+    def put_many(self, events: Iterable[Event]) -> int:
+        """``put()`` for several events, in order, under one lock (the worker's loop hands
+        over what one turn of its consumer made); returns how many were queued."""
         if not self.enabled:
-            return False
-        type_ = event["type"]
-        kind = self._kinds.get(type_)
-        if kind is None:
-            kind = self._kinds[type_] = self._kind(type_)
-        if kind == _OFF:
-            return False
-        lock = self._lock
-        lock.acquire()  # not `with`: it costs twice as much, and this is the hot path
-        try:
+            return 0
+        kinds = self._kinds
+        accepted: list[Event] = []
+        urgent = False
+        for event in events:
+            type_ = event["type"]
+            kind = kinds.get(type_)
+            if kind is None:
+                kind = kinds[type_] = self._kind(type_)
+            if kind != _OFF:
+                accepted.append(event)
+                urgent = urgent or kind == _NOW
+        if not accepted:
+            return 0
+        with self._lock:
             if self._closing:
-                return False
+                return 0
             pending = self._pending
             n = len(pending)
-            if n >= self.offline_limit:
-                pending.popleft()
-                self.dropped += 1
-            pending.append(event)
-            if kind == _NOW:
+            pending.extend(accepted)
+            over = len(pending) - self.offline_limit
+            if over > 0:  # the oldest go first
+                for _ in range(over):
+                    pending.popleft()
+                self.dropped += over
+            limit = self.buffer_limit
+            if urgent:
                 self._urgent = True
                 self._wake.notify()
-            elif n == 0 or (n + 1) % self.buffer_limit == 0:
-                self._wake.notify()  # start the flush timer, or the batch is full
+            elif n == 0 or n // limit != len(pending) // limit:
+                self._wake.notify()  # start the flush timer, or a batch is full
             if self._thread is None:
                 self._start()
-        finally:
-            lock.release()
-        return True
+        return len(accepted)
 
     def _kind(self, type: str) -> int:
         group = group_of(type)

@@ -132,6 +132,8 @@ class Consumer:
             except TimeoutError:
                 await self._abandon("settling")
             self._pump = None
+        if self.events is not None:
+            self.events.flush()
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         if self._executor is not None:
@@ -164,6 +166,8 @@ class Consumer:
 
     async def _run_pump(self) -> None:
         while True:
+            if self.events is not None:
+                self.events.flush()  # what the last turn and the pool's callbacks made
             limit = self._want()
             if limit and self._drained:
                 self._sleeper = self.loop.create_task(self._sleep(limit))
@@ -198,8 +202,7 @@ class Consumer:
             for delivery, reason in after:
                 self._spawn(self.transport.dead_letter(delivery, reason))
             if finals and self.events is not None:
-                for event in finals:
-                    self.events.put(event)
+                self.events.put_all(finals)
             if limit:
                 self._drained = len(batch) < limit
             if batch:

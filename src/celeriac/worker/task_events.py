@@ -31,12 +31,22 @@ if TYPE_CHECKING:
 
 
 class TaskEvents:
-    """Builds each event as a dict literal with its type and timestamp and hands it to
-    ``EventDispatcher.put``: no keyword packing, the least the loop can do per event."""
+    """Builds each event as a dict literal with its type and timestamp and appends it to
+    a list; the consumer hands the list to ``EventDispatcher.put_many`` once per turn of
+    its pump (``flush``). A lock per event would cost the loop more than the event."""
 
     def __init__(self, dispatcher: EventDispatcher, hide_args: bool) -> None:
-        self.put = dispatcher.put
+        self.dispatcher = dispatcher
         self.hide_args = hide_args
+        self.queued: list[Event] = []
+        self.put = self.queued.append
+        self.put_all = self.queued.extend
+
+    def flush(self) -> None:
+        """Hand what was queued since the last flush to the dispatcher, in order."""
+        if self.queued:
+            self.dispatcher.put_many(self.queued)
+            self.queued.clear()  # in place: ``put`` is bound to this list
 
     def received(self, headers: dict[str, Any], queue: str) -> None:
         get = headers.get
