@@ -457,3 +457,32 @@ def test_a_waiter_whose_cursor_was_trimmed_away_rescans(
     b.store("late", states.SUCCESS, 1)
     assert b._changes(fresh) == (b._cursor(), ["late"])
     b.close()
+
+
+def test_has_subscribers_says_whether_a_broadcast_would_reach_anyone(
+        make: Callable[..., RedisTransport]) -> None:
+    """The events sender skips a batch nobody would get: only when Redis says so."""
+    t = make()
+    admin = redis.Redis.from_url(require("redis"))
+    assert admin.pubsub_numpat() == 0, "precondition: nothing on this Redis PSUBSCRIBEs"
+    assert t.has_subscribers("celeriac.events") is False
+
+    async def subscribed() -> bool:
+        sub = await t.subscribe("celeriac.events")
+        try:
+            t.broadcast("celeriac.events", b"[1]")
+            assert await sub.get(5) == b"[1]"
+            return t.has_subscribers("celeriac.events")
+        finally:
+            await sub.close()
+
+    assert asyncio.run(subscribed()) is True
+    assert t.has_subscribers("celeriac.events") is False
+    sniffer = admin.pubsub()
+    sniffer.psubscribe("somebody-else:*")  # a pattern may match any channel: count it
+    try:
+        assert sniffer.get_message(timeout=5) is not None  # the psubscribe confirmation
+        assert t.has_subscribers("celeriac.events") is True
+    finally:
+        sniffer.close()
+        admin.close()

@@ -84,7 +84,15 @@ def test_events_held_while_redis_is_down_are_delivered_after_and_overflow_counte
             raise ConnectionError("test: held until the monitor has subscribed again")
         real(channel, payload, routing_key)
 
+    real_has = d.transport.has_subscribers
+
+    def has_subscribers(channel: str) -> bool:
+        if not gate.is_set():
+            raise ConnectionError("test: held until the monitor has subscribed again")
+        return real_has(channel)
+
     d.transport.broadcast = broadcast  # type: ignore[method-assign]
+    d.transport.has_subscribers = has_subscribers  # type: ignore[method-assign]
     got: list[dict[str, Any]] = []
 
     async def main() -> None:

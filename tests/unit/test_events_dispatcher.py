@@ -28,7 +28,14 @@ class FakeTransport:
         self.down = False
         self.failures = 0
         self.closed = False
+        self.listening = True
         self.lock = threading.Lock()
+
+    def has_subscribers(self, channel: str) -> bool:
+        if self.down:
+            self.failures += 1
+            raise ConnectionRefusedError("broker down (fake)")
+        return self.listening
 
     def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         if self.down:
@@ -145,6 +152,19 @@ def test_events_hide_args_is_the_callers_job(make: Any, fake: FakeTransport) -> 
     d.send("task-received", uuid="u1", args="(1,)", kwargs="{}")
     assert d.flush(5)
     assert fake.events[0]["args"] == "(1,)"
+
+
+def test_nothing_is_sent_while_nobody_listens(make: Any, fake: FakeTransport) -> None:
+    d = make(events_flush_interval=0.01)
+    fake.listening = False
+    for i in range(5):
+        d.send("task-received", uuid=f"u{i}")
+    assert d.flush(5)
+    assert fake.calls == [] and d.unheard == 5 and d.dropped == 0
+    fake.listening = True
+    d.send("task-received", uuid="u5")
+    assert d.flush(5)
+    assert [e["uuid"] for e in fake.events] == ["u5"] and d.unheard == 5
 
 
 def test_values_json_cannot_hold_are_sent_as_repr(make: Any, fake: FakeTransport) -> None:

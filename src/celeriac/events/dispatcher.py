@@ -17,7 +17,10 @@ mostly runs while the loop waits on its sockets.
   the thread at once and takes whatever waits before it along, so order is kept;
 - a batch is one ``transport.broadcast(EVENTS_CHANNEL, payload, routing_key)``: the
   payload is a JSON array of events of one group, the routing key the first event's type
-  with dots (``task.succeeded``);
+  with dots (``task.succeeded``). Where the broker can tell that nobody subscribed
+  (Redis pub/sub: ``transport.has_subscribers``) the batch is not made at all and counts
+  in ``unheard``: the broker would drop it, so events cost a worker nearly nothing while
+  no monitor watches;
 - while the broker is unreachable, events wait, at most ``events_offline_buffer`` of
   them: beyond it the oldest go first and are counted in ``dropped``. The thread retries
   with exponential backoff (capped at 2 s) on a transport of its own made with
@@ -108,7 +111,10 @@ class EventDispatcher:
         self.dropped = 0
         """Events lost: pushed out of the offline buffer, or unsendable."""
         self.sent = 0
-        """Events the broker accepted."""
+        """Events that left: the broker accepted them, or nobody listened (``unheard``)."""
+        self.unheard = 0
+        """Events not sent because the broker said nobody subscribed (Redis): it would
+        have dropped them."""
         self.buffer_limit = settings.events_buffer_limit
         self.flush_interval = settings.events_flush_interval
         self.offline_limit = settings.events_offline_buffer
@@ -372,6 +378,15 @@ class EventDispatcher:
     def _broadcast(self, batch: list[Event]) -> tuple[int, Exception | None]:
         """Send ``batch`` as payloads of one group each; returns how many events went,
         and the error that stopped it."""
+        try:
+            with forking.io_lock():
+                heard = self.transport.has_subscribers(EVENTS_CHANNEL)
+        except Exception as exc:  # as for broadcast() below
+            return 0, exc
+        if not heard:  # spare the encoding and the bytes the broker would drop
+            with self._lock:
+                self.unheard += len(batch)
+            return len(batch), None
         self._stamp(batch)
         start = 0
         while start < len(batch):

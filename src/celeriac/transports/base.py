@@ -135,6 +135,11 @@ class Transport(abc.ABC):
 
         ``routing_key`` labels it where the broker routes by key (AMQP); others ignore it."""
 
+    def has_subscribers(self, channel: str) -> bool:
+        """False only where the broker can tell that nobody would receive a broadcast on
+        ``channel`` now (it would drop it), so a sender may skip making and sending it."""
+        return True
+
     @abc.abstractmethod
     async def subscribe(self, channel: str) -> Subscription:
         """Start receiving what is broadcast on ``channel`` from now on."""

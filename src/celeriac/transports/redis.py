@@ -333,6 +333,14 @@ class RedisTransport(Transport):
         # twice more on the server.
         self.conn.command(lambda ns: ("PUBLISH", f"{ns}:bc:{channel}", payload))
 
+    def has_subscribers(self, channel: str) -> bool:
+        # NUMSUB counts SUBSCRIBE (our receivers), not PSUBSCRIBE: any pattern subscriber
+        # at all may be listening.
+        numsub = self.conn.command(lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{channel}"))
+        if int(numsub[1]):
+            return True
+        return bool(self.conn.command(lambda ns: ("PUBSUB", "NUMPAT")))
+
     async def subscribe(self, channel: str) -> Subscription:
         async def open_(client: aredis.Redis, ns: str) -> Subscription:
             pubsub = client.pubsub(ignore_subscribe_messages=False)
