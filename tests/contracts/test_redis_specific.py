@@ -486,3 +486,25 @@ def test_has_subscribers_says_whether_a_broadcast_would_reach_anyone(
     finally:
         sniffer.close()
         admin.close()
+
+
+def test_has_subscribers_says_yes_when_an_acl_refuses_pubsub(
+        ns: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A user whose ACL lacks PUBSUB still gets its events out (broadcast as if heard)."""
+    caplog.set_level(logging.INFO, "celeriac")
+    admin = redis.Redis.from_url(require("redis"))
+    user, password = f"celeriac-test-{ns}", "pw-" + ns
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],
+                      channels=["*"], commands=["+@all", "-pubsub"])
+    host, port = admin.connection_pool.connection_kwargs["host"], \
+        admin.connection_pool.connection_kwargs["port"]
+    url = f"redis://{user}:{password}@{host}:{port}/0?namespace={ns}"
+    t = RedisTransport(url, Settings(broker_url=url, broker_connection_retry=False))
+    try:
+        assert t.has_subscribers("celeriac.events") is True
+        assert "cannot tell who subscribed" in caplog.text and "NOPERM" in caplog.text
+        t.broadcast("celeriac.events", b"[]")  # PUBLISH itself is allowed
+    finally:
+        t.close()
+        admin.acl_deluser(user)
+        admin.close()

@@ -31,7 +31,7 @@ import redis
 
 from .._redis import Connector
 from ..backends.redis import RedisBackend, encode_value, expiry_ms
-from ..errors import DecodeError, OperationalError
+from ..errors import BrokerUnavailable, DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import DeadLetter, Outgoing, Subscription, Transport
 
@@ -63,6 +63,7 @@ class RedisTransport(Transport):
         self._unacked: set[str] = set()
         """Acks that did not reach Redis; sent again with the next ack or heartbeat, so a
         finished task is not run again when the connection comes back."""
+        self._pubsub_denied = False  # PUBSUB refused (ACL): has_subscribers says yes
         self._suspect = False
         """A fetch's reply may have been lost: Redis may hold messages for us we never saw."""
         self._next_due = -1
@@ -334,12 +335,19 @@ class RedisTransport(Transport):
         self.conn.command(lambda ns: ("PUBLISH", f"{ns}:bc:{channel}", payload))
 
     def has_subscribers(self, channel: str) -> bool:
-        # NUMSUB counts SUBSCRIBE (our receivers), not PSUBSCRIBE: any pattern subscriber
-        # at all may be listening.
-        numsub = self.conn.command(lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{channel}"))
-        if int(numsub[1]):
+        if self._pubsub_denied:
             return True
-        return bool(self.conn.command(lambda ns: ("PUBSUB", "NUMPAT")))
+        try:
+            numsub = self.conn.command(lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{channel}"))
+            # NUMSUB counts SUBSCRIBE (our receivers), not PSUBSCRIBE: any pattern
+            # subscriber at all may be listening.
+            return bool(int(numsub[1]) or self.conn.command(lambda ns: ("PUBSUB", "NUMPAT")))
+        except BrokerUnavailable:
+            raise
+        except OperationalError as exc:  # an ACL without PUBSUB: send, as if heard
+            logger.info("cannot tell who subscribed (%s); broadcasting anyway", exc)
+            self._pubsub_denied = True
+            return True
 
     async def subscribe(self, channel: str) -> Subscription:
         async def open_(client: aredis.Redis, ns: str) -> Subscription:
