@@ -31,7 +31,7 @@ import redis
 
 from .._redis import Connector
 from ..backends.redis import RedisBackend, encode_value, expiry_ms
-from ..errors import BrokerUnavailable, DecodeError, OperationalError
+from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import DeadLetter, Outgoing, Subscription, Transport
 
@@ -342,9 +342,11 @@ class RedisTransport(Transport):
             # NUMSUB counts SUBSCRIBE (our receivers), not PSUBSCRIBE: any pattern
             # subscriber at all may be listening.
             return bool(int(numsub[1]) or self.conn.command(lambda ns: ("PUBSUB", "NUMPAT")))
-        except BrokerUnavailable:
-            raise
-        except OperationalError as exc:  # an ACL without PUBSUB: send, as if heard
+        except OperationalError as exc:
+            text = str(exc)
+            if "NOPERM" not in text and "unknown" not in text.lower():
+                raise  # unreachable, auth, busy...: the sender backs off as for PUBLISH
+            # An ACL without PUBSUB (or a server without it): send, as if heard.
             logger.info("cannot tell who subscribed (%s); broadcasting anyway", exc)
             self._pubsub_denied = True
             return True

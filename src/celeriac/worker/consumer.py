@@ -96,6 +96,8 @@ class Consumer:
     def start(self) -> None:
         self.pool.on_ready = self._dispatch
         self.loop = asyncio.get_running_loop()
+        if self.events is not None:
+            self.events.loop = self.loop
         self._fetching = True
         self._pump = self.loop.create_task(self._run_pump())
 
@@ -166,8 +168,6 @@ class Consumer:
 
     async def _run_pump(self) -> None:
         while True:
-            if self.events is not None:
-                self.events.flush()  # what the last turn and the pool's callbacks made
             limit = self._want()
             if limit and self._drained:
                 self._sleeper = self.loop.create_task(self._sleep(limit))

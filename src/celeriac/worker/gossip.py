@@ -75,6 +75,9 @@ class EventsStep(Step):
             self.beat.cancel()
         if w.events is None:
             return
+        consumer = getattr(w, "consumer", None)
+        if consumer is not None and consumer.events is not None:
+            consumer.events.flush()  # task events of the last moments go before offline
         if w.heartbeat:
             self.send("worker-offline")
         events, w.events = w.events, None

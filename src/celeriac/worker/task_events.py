@@ -20,6 +20,7 @@ What is sent, by the consumer's steps (see ``celeriac.events`` for the wire form
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,21 +33,41 @@ if TYPE_CHECKING:
 
 class TaskEvents:
     """Builds each event as a dict literal with its type and timestamp and appends it to
-    a list; the consumer hands the list to ``EventDispatcher.put_many`` once per turn of
-    its pump (``flush``). A lock per event would cost the loop more than the event."""
+    a list, which goes to ``EventDispatcher.put_many`` (one lock for all of it) in a
+    callback scheduled on the loop when the list stops being empty: so whatever one turn
+    of the loop produced leaves together, right after that turn, wherever it came from
+    (the consumer's pump, the pool's callbacks, a shutdown). A lock per event would cost
+    the loop more than the event."""
 
     def __init__(self, dispatcher: EventDispatcher, hide_args: bool) -> None:
         self.dispatcher = dispatcher
         self.hide_args = hide_args
         self.queued: list[Event] = []
-        self.put = self.queued.append
-        self.put_all = self.queued.extend
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """Set when the consumer starts; until then events go to the dispatcher at once."""
+
+    def put(self, event: Event) -> None:
+        if not self.queued:
+            if self.loop is None:
+                self.dispatcher.put(event)
+                return
+            self.loop.call_soon(self.flush)
+        self.queued.append(event)
+
+    def put_all(self, events: list[Event]) -> None:
+        if events:
+            if not self.queued:
+                if self.loop is None:
+                    self.dispatcher.put_many(events)
+                    return
+                self.loop.call_soon(self.flush)
+            self.queued.extend(events)
 
     def flush(self) -> None:
         """Hand what was queued since the last flush to the dispatcher, in order."""
         if self.queued:
             self.dispatcher.put_many(self.queued)
-            self.queued.clear()  # in place: ``put`` is bound to this list
+            self.queued.clear()
 
     def received(self, headers: dict[str, Any], queue: str) -> None:
         get = headers.get
