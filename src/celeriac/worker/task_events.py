@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import states
@@ -47,21 +48,17 @@ class TaskEvents:
         """Set when the consumer starts; until then events go to the dispatcher at once."""
 
     def put(self, event: Event) -> None:
+        self.put_all((event,))
+
+    def put_all(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
         if not self.queued:
             if self.loop is None:
-                self.dispatcher.put(event)
+                self.dispatcher.put_many(events)
                 return
             self.loop.call_soon(self.flush)
-        self.queued.append(event)
-
-    def put_all(self, events: list[Event]) -> None:
-        if events:
-            if not self.queued:
-                if self.loop is None:
-                    self.dispatcher.put_many(events)
-                    return
-                self.loop.call_soon(self.flush)
-            self.queued.extend(events)
+        self.queued.extend(events)
 
     def flush(self) -> None:
         """Hand what was queued since the last flush to the dispatcher, in order."""
