@@ -4,12 +4,11 @@ The worker's main process queues every task event on its event loop, between the
 steps that move tasks along, so queueing does as little as can be: ``put_many()`` appends
 dicts that hold their ``type`` and ``timestamp`` to a deque under one lock and at most
 notifies a condition (``put()`` is that for one event; ``send()`` builds the dict from
-keywords first). Everything else
-happens in a daemon thread, which owns the broker connection: it stamps each event with
-``hostname``, ``pid``, ``utcoffset`` and the Lamport ``clock`` as it takes it from the
-queue (one thread, in queue order: clock order is send order), encodes, and sends.
-Why there: the loop's time per task is what bounds a worker's throughput, and the thread
-mostly runs while the loop waits on its sockets.
+keywords first). Everything else happens in a daemon thread, which owns the broker
+connection: it stamps each event with ``hostname``, ``pid``, ``utcoffset`` and the
+Lamport ``clock`` as it takes it from the queue (one thread, in queue order: clock order
+is send order), encodes, and sends. Why there: the loop's time per task is what bounds a
+worker's throughput, and the thread mostly runs while the loop waits on its sockets.
 
 - events of the *buffered* groups (``task`` by default) leave in batches, when
   ``events_buffer_limit`` of them wait or ``events_flush_interval`` after the first one

@@ -134,8 +134,6 @@ class Consumer:
             except TimeoutError:
                 await self._abandon("settling")
             self._pump = None
-        if self.events is not None:
-            self.events.flush()
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         if self._executor is not None:
