@@ -176,3 +176,11 @@ class _ChildInit(Hooks):
 
 
 app.add_hooks(_ChildInit())
+
+
+@app.task
+def segfault() -> None:
+    """Crashes its child with SIGSEGV, as a broken C extension would."""
+    import ctypes
+
+    ctypes.string_at(0)

@@ -91,6 +91,8 @@ class FrameWriter:
         self.fd = fd
         self.pending = bytearray()
         self.closed = False
+        """No more writes (the child is gone); the descriptor may still be open."""
+        self._fd_closed = False
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -115,20 +117,26 @@ class FrameWriter:
         except BlockingIOError:
             return
         except OSError:
-            self.close()
+            # The child is gone. The descriptor stays open until the pool detaches the
+            # child: closing it here would free its number while the pool still lists it.
+            self.closed = True
+            self.loop.remove_writer(self.fd)
+            self.pending.clear()
             return
         del self.pending[:n]
         if not self.pending:
             self.loop.remove_writer(self.fd)
 
     def close(self) -> None:
+        """Close the pipe, once: after that its number may be a newer pipe's."""
         if self.pending:
             self.loop.remove_writer(self.fd)
             self.pending.clear()
-        if not self.closed:
-            self.closed = True
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        self.closed = True
+        if not self._fd_closed:
+            self._fd_closed = True
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
 
 
 def read_frame(fd: int) -> tuple[int, bytes] | None:

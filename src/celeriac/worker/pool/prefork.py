@@ -51,6 +51,9 @@ class ChildProc:
     retiring: bool = False
     """Takes no new job; it exits after the current one (recycled, shrunk, stopping)."""
     killed_for: str | None = None
+    detached: bool = False
+    """Its pipes are closed. Their descriptor numbers may already belong to a newer
+    child's pipes, so nothing may touch them again (not even to close them)."""
 
 
 class PreforkPool(Pool):
@@ -84,9 +87,12 @@ class PreforkPool(Pool):
         result_r, result_w = os.pipe()
         # The child closes every parent-side end, its siblings' included: otherwise a
         # sibling would hold our pipes open and EOF would never tell us a child died.
+        # A detached child's numbers are skipped: os.pipe() may just have handed them to
+        # this child's own ends, which the child would then close (seen as EBADF at UP).
         parent_fds = [job_w, result_r]
         for c in self.children.values():
-            parent_fds += [c.writer.fd, c.result_fd]
+            if not c.detached:
+                parent_fds += [c.writer.fd, c.result_fd]
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child, measured by the fault tests
             code = 1
@@ -168,7 +174,8 @@ class PreforkPool(Pool):
         return hard, soft
 
     def _set_idle(self, proc: ChildProc) -> None:
-        if proc.up and proc.job is None and not proc.retiring and not proc.writer.closed:
+        if (proc.up and proc.job is None and not proc.retiring and not proc.detached
+                and not proc.writer.closed):
             self.idle[proc] = None
 
     # -- child -> parent ----------------------------------------------------------------
@@ -324,7 +331,13 @@ class PreforkPool(Pool):
 
     def _detach(self, proc: ChildProc) -> None:
         self.idle.pop(proc, None)  # its pipes are closed: a job sent to it would be lost
-        if self.by_fd.pop(proc.result_fd, None) is not None:
-            self.loop.remove_reader(proc.result_fd)
-            os.close(proc.result_fd)
-            proc.writer.close()
+        if proc.detached:
+            return
+        # Once only, and keyed by the child rather than by descriptor number: a second
+        # close, or a lookup by a recycled number, would close a newer child's pipe.
+        proc.detached = True
+        if self.by_fd.get(proc.result_fd) is proc:
+            del self.by_fd[proc.result_fd]
+        self.loop.remove_reader(proc.result_fd)
+        os.close(proc.result_fd)
+        proc.writer.close()
