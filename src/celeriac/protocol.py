@@ -142,36 +142,139 @@ def task_properties(task_id: str, priority: int, reply_to: str | None = None) ->
     }
 
 
+MAX_ID = 255
+"""Longest task id (and group, root and parent id) a worker accepts."""
+MAX_NAME = 1024
+"""Longest task name a worker accepts."""
+MAX_LIMIT = 10.0 ** 8
+"""Longest time limit a worker accepts, in seconds (over three years)."""
+_TEXT_HEADERS = ("lang", "shadow", "argsrepr", "kwargsrepr", "origin")
+_ID_HEADERS = ("root_id", "parent_id", "group")
+
+
 def validate_headers(headers: Any) -> str | None:
-    """The reason a header set is not a valid task message, or None."""
+    """The reason a header set is not a valid task message, or None.
+
+    Every header the worker reads is checked here, by type and range, before anything
+    uses it: a value that passes can be used without a guard (``timelimit`` is a pair of
+    numbers or Nones, ``eta`` parses to a datetime, ``retries`` is a small int...).
+    Headers the worker does not read are not checked, so newer producers' extras pass.
+    """
     if not isinstance(headers, dict):
         return "headers are not a mapping"
     if DECODE_ERROR_HEADER in headers:
         return str(headers[DECODE_ERROR_HEADER])
-    for name in REQUIRED_HEADERS:
+    for key in headers:
+        if not isinstance(key, str) or not _is_utf8(key):
+            return f"header name {_show(key)} is not UTF-8 text"
+    task = headers.get("task")
+    if task is None:
+        return "missing or invalid 'task' header: none (not a protocol v2 task message)"
+    if not isinstance(task, str) or not task or len(task) > MAX_NAME:
+        return f"missing or invalid 'task' header: {_show(task)}"
+    reason = _check_id("id", headers.get("id"), required=True)
+    if reason:
+        return reason
+    for name in _ID_HEADERS:
+        if reason := _check_id(name, headers.get(name)):
+            return reason
+    for name in _TEXT_HEADERS:
         value = headers.get(name)
-        if not isinstance(value, str) or not value:
-            return f"missing or invalid {name!r} header"
-    retries = headers.get("retries", 0)
-    if retries is not None and not isinstance(retries, int):
-        return "'retries' header is not an integer"
+        if value is not None and not isinstance(value, str):
+            return f"{name!r} header {_show(value)} is not a string"
+    retries = headers.get("retries")
+    if retries is not None and (type(retries) is not int or not 0 <= retries < 2 ** 31):
+        return f"'retries' header {_show(retries)} is not an integer from 0 to 2**31-1"
+    index = headers.get("group_index")
+    if index is not None and (type(index) is not int or index < 0):
+        return f"'group_index' header {_show(index)} is not a non-negative integer"
+    ignore = headers.get("ignore_result")
+    if ignore is not None and not isinstance(ignore, bool):
+        return f"'ignore_result' header {_show(ignore)} is not a boolean"
     for name in ("eta", "expires"):
-        if headers.get(name) is not None and parse_time(headers[name]) is None:
-            return f"{name!r} header is not an ISO 8601 time"
+        value = headers.get(name)
+        if value is not None and parse_time(value) is None:
+            return f"{name!r} header {_show(value)} is not an ISO 8601 time within years 1-9999"
+    limits = headers.get("timelimit")
+    if limits is not None and not _valid_limits(limits):
+        return (f"'timelimit' header {_show(limits)} is not [hard, soft] with each a number "
+                f"of seconds from 0 to {MAX_LIMIT:.0e} or null")
     return None
 
 
-def parse_time(value: Any) -> datetime | None:
-    if value is None:
+def validate_properties(message: Message) -> str | None:
+    """The reason a message's content type or properties are invalid, or None."""
+    ct = message.content_type
+    if not isinstance(ct, str) or not _is_utf8(ct):
+        return f"content type {_show(ct)} is not UTF-8 text"
+    if not isinstance(message.content_encoding, str) or not _is_utf8(message.content_encoding):
+        return f"content encoding {_show(message.content_encoding)} is not UTF-8 text"
+    props = message.properties
+    if not isinstance(props, dict):
+        return "properties are not a mapping"
+    priority = props.get("priority")
+    if priority is not None and (type(priority) is not int or not 0 <= priority <= 255):
+        return f"priority {_show(priority)} is not an integer from 0 to 255"
+    return None
+
+
+def _check_id(name: str, value: Any, required: bool = False) -> str | None:
+    if value is None and not required:
         return None
-    if isinstance(value, (int, float)):
-        return datetime.fromtimestamp(value, UTC)
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not value or len(value) > MAX_ID or not _is_utf8(value):
+        return f"missing or invalid {name!r} header: {_show(value)}"
+    return None
+
+
+def _valid_limits(limits: Any) -> bool:
+    if not isinstance(limits, (list, tuple)) or len(limits) != 2:
+        return False
+    for value in limits:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not 0 <= value <= MAX_LIMIT:  # NaN fails this too
+            return False
+    return True
+
+
+def _is_utf8(text: str) -> bool:
+    # A transport that met bytes it could not decode keeps them as lone surrogates
+    # (surrogateescape): such text cannot be encoded back, logged safely or stored.
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A short, printable repr of a bad value for a dead letter's reason."""
+    if isinstance(value, str) and not _is_utf8(value):
+        value = value.encode("utf-8", "surrogateescape")
+    try:
+        text = repr(value)
+    except Exception:
+        text = "<unrepresentable>"
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if isinstance(value, (str, bytes)) else f"{text} ({type(value).__name__})"
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An ``eta``/``expires`` value as an aware datetime; None if absent or invalid."""
+    if value is None or isinstance(value, bool):
         return None
     try:
+        if isinstance(value, (int, float)):
+            return datetime.fromtimestamp(value, UTC)
+        if not isinstance(value, str):
+            return None
         parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
+    except (ValueError, OverflowError, OSError):
+        return None  # beyond datetime's range, or not a time at all
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 

@@ -25,8 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import states
-from ..errors import WorkerLostError
-from ..protocol import Delivery, parse_time, utcnow, validate_headers
+from ..errors import BrokerError, WorkerLostError
+from ..protocol import Delivery, parse_time, utcnow
+from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr
 from .task_events import TaskEvents
 
@@ -85,6 +86,7 @@ class Consumer:
         self._combined = getattr(transport, "exchange", None)
         self._colocated = getattr(transport, "results_namespace", None)
         self._wait_ready = getattr(transport, "wait_ready", None)
+        self.admission = Admission(self.app)
         self.processed = 0
 
     @property
@@ -100,6 +102,19 @@ class Consumer:
             self.events.loop = self.loop
         self._fetching = True
         self._pump = self.loop.create_task(self._run_pump())
+        self._pump.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        # The pump and the sleeper handle what they expect. Anything else that ends one
+        # would leave the worker alive and idle with work waiting: stop it instead, so
+        # that it exits non-zero and its supervisor restarts it.
+        if task.cancelled() or task.exception() is None:
+            return
+        self._fatal("the consumer's loop", task.exception())
+
+    def _fatal(self, where: str, exc: BaseException | None) -> None:
+        logger.critical("%s failed; stopping the worker", where, exc_info=exc)
+        self.worker.fail(f"{where} failed: {type(exc).__name__}: {exc}")
 
     async def stop_fetching(self) -> None:
         """Fetch no more. On return, every message fetched is in ``reserved`` or running."""
@@ -169,6 +184,7 @@ class Consumer:
             limit = self._want()
             if limit and self._drained:
                 self._sleeper = self.loop.create_task(self._sleep(limit))
+                self._sleeper.add_done_callback(self._ended)
                 limit = 0
             acks, results, after, finals = self._acks, self._results, self._after, self._finals
             if not (acks or results or after or finals or limit):
@@ -288,19 +304,24 @@ class Consumer:
 
     def _ingest(self, batch: list[Delivery]) -> None:
         for delivery in batch:
-            self._on_delivery(delivery)
+            try:
+                self._on_delivery(delivery)
+            except Exception as exc:
+                # A check missed something: this message is refused, the rest go on.
+                logger.exception("could not take message from queue %r", delivery.queue)
+                reason = f"the worker could not take it: {type(exc).__name__}: {exc}"
+                self._refuse(delivery, Refusal(reason, exc))
         self._dispatch()
 
     # -- arrival ------------------------------------------------------------------------
     def _on_delivery(self, d: Delivery) -> None:
+        refusal = self.admission.check(d.message)
+        if refusal is not None:
+            return self._refuse(d, refusal)
+        # From here on every header the worker reads has been checked (admission.py).
         headers = d.message.headers
-        reason = validate_headers(headers)
-        if reason is not None:
-            return self._dead_letter(d, f"malformed message: {reason}")
         name, task_id = headers["task"], headers["id"]
         events = self.events
-        if name not in self.app.tasks:
-            return self._dead_letter(d, f"unknown task {name!r}", task_id)
         losses = d.delivery_count - 1
         if losses >= self.app.settings.task_max_deliveries:
             reason = (f"delivered {d.delivery_count} times; the worker running it was lost "
@@ -328,7 +349,13 @@ class Consumer:
         if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
             # A producer that sets eta without using the broker's delay store (a Celery
             # client): park it in the store rather than in this worker's memory.
-            self.transport.publish(d.queue, d.message, delay=delay)
+            try:
+                self.transport.publish(d.queue, d.message, delay=delay)
+            except BrokerError as exc:
+                logger.warning("Task %s[%s] could not be parked until its eta (%s); "
+                               "giving it back", name, task_id, exc)
+                self._spawn(self.transport.requeue([d], redelivered=False))
+                return None
             self._acks.append(d)
             return self._wake.set()
         self._next_job += 1
@@ -350,7 +377,15 @@ class Consumer:
                 self._wake.set()
             if self.events is not None:
                 self.events.started(job.headers["id"])
-            self.pool.submit(job)
+            try:
+                self.pool.submit(job)
+            except Exception as exc:
+                # The pool's state is unknown now. The job stays in hand: the cold stop
+                # that follows gives it back.
+                self.reserved.appendleft(job)
+                self._fatal(f"handing Task {job.headers['task']}[{job.headers['id']}] "
+                            "to the pool", exc)
+                return
 
     # -- completion ---------------------------------------------------------------------
     def on_job_done(self, job: Job, outcome: Outcome) -> None:
@@ -381,12 +416,17 @@ class Consumer:
         except Exception:
             logger.exception("Task [%s] could not store state %s", task_id, state)
 
-    def _dead_letter(self, d: Delivery, reason: str, task_id: str | None = None) -> None:
+    def _refuse(self, d: Delivery, refusal: Refusal) -> None:
+        """Dead-letter a message that may not run, after storing its failure (if it has
+        a usable id) so that a caller in ``get()`` learns why at once."""
+        task_id = result_id(d.message.headers)
         logger.error("dead-lettered message %s from queue %r: %s", task_id or "(no id)",
-                     d.queue, reason)
-        if task_id is not None and self.events is not None:
-            self.events.rejected(task_id, reason, requeue=False)
-        self._spawn(self.transport.dead_letter(d, reason))
+                     d.queue, refusal.reason)
+        if task_id is not None:
+            self._result(task_id, states.FAILURE, refusal.error)
+            if self.events is not None:
+                self.events.rejected(task_id, refusal.reason, requeue=False)
+        self._after.append((d, refusal.reason))
         self._wake.set()
 
     def _spawn(self, op: Coroutine[Any, Any, Any]) -> None:

@@ -154,9 +154,9 @@ class PreforkPool(Pool):
         # The child idle the longest. Handing jobs round the children measured faster
         # than reusing the one that just reported (SQLite prefork x2 drain: 8.2k/s
         # against 6.3k/s).
+        hard, soft = self._limits(job)  # before the child leaves ``idle``: it may raise
         proc = next(iter(self.idle))
         del self.idle[proc]
-        hard, soft = self._limits(job)
         proc.job = job
         self._busy += 1
         if hard:
@@ -180,6 +180,18 @@ class PreforkPool(Pool):
 
     # -- child -> parent ----------------------------------------------------------------
     def _on_readable(self, proc: ChildProc) -> None:
+        try:
+            self._read(proc)
+        except Exception as exc:
+            # A bug here leaves the pool's books wrong: a worker that keeps running could
+            # sit idle with work waiting. Exit non-zero instead; what it held is given
+            # back by the cold stop, or redelivered when its lease ends.
+            logger.critical("the pool failed reading child %d", proc.pid, exc_info=exc)
+            self.loop.remove_reader(proc.result_fd)
+            self.on_fatal(f"the pool failed reading child {proc.pid}: "
+                          f"{type(exc).__name__}: {exc}")
+
+    def _read(self, proc: ChildProc) -> None:
         try:
             data = os.read(proc.result_fd, 1 << 16)
         except BlockingIOError:

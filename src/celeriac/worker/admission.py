@@ -1,0 +1,73 @@
+"""Where a message enters the worker: the checks that decide whether it may run.
+
+The consumer asks ``Admission.check`` about every delivery before it reads any header for
+its own use. The checks are the ones the worker's main process can make without decoding
+the body: every header it reads, by type and range (``protocol.validate_headers``), the
+content type and properties, the body's size against this worker's own
+``max_message_size`` (a producer may have had a higher one), the content type against
+``accept_content``, and the task's name against the registry. A refused message goes to
+the dead-letter store with the reason; where it carries a usable id, its result becomes
+``FAILURE`` with an exception that says why, so a caller waiting in ``get()`` learns at
+once instead of at its timeout.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import ContentDisallowed, DecodeError, MessageTooLarge, NotRegistered
+from ..protocol import MAX_ID, Message, validate_headers, validate_properties
+from ..serialization import accepted_content_types
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+
+
+class Refusal(NamedTuple):
+    reason: str
+    """For the dead letter and the log line."""
+    error: Exception
+    """What ``AsyncResult.get()`` raises for it."""
+
+
+class Admission:
+    def __init__(self, app: Celeriac) -> None:
+        settings = app.settings
+        self.tasks = app.tasks
+        self.max_size = settings.max_message_size
+        self.accept = accepted_content_types(settings.accept_content)
+
+    def check(self, message: Message) -> Refusal | None:
+        """Why ``message`` may not run here, or None if it may."""
+        reason = validate_headers(message.headers) or validate_properties(message)
+        if reason is not None:
+            reason = f"malformed message: {reason}"
+            return Refusal(reason, DecodeError(reason))
+        size = len(message.body)
+        if size > self.max_size:
+            reason = (f"message body is {size} bytes, over this worker's "
+                      f"max_message_size={self.max_size}")
+            return Refusal(reason, MessageTooLarge(reason))
+        if message.content_type not in self.accept:
+            reason = (f"content type {message.content_type!r} is not accepted "
+                      f"(accept_content: {sorted(self.accept)})")
+            return Refusal(reason, ContentDisallowed(reason))
+        name = message.headers["task"]
+        if name not in self.tasks:
+            return Refusal(f"unknown task {name!r}", NotRegistered(name))
+        return None
+
+
+def result_id(headers: Any) -> str | None:
+    """The id under which to store a refused message's failure, if it has a usable one
+    and its producer wants a result."""
+    if not isinstance(headers, dict) or headers.get("ignore_result") is True:
+        return None
+    task_id = headers.get("id")
+    if isinstance(task_id, str) and 0 < len(task_id) <= MAX_ID and task_id.isprintable():
+        try:
+            task_id.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        return task_id
+    return None
