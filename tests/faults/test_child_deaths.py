@@ -38,7 +38,7 @@ def test_two_children_crashing_at_once_ten_fresh_workers(
         assert t.add.delay(round_, 1).get(timeout=15) == round_ + 1
         assert w.proc is not None and w.proc.poll() is None, w.log
         crashed = {r.id for r in crashes}
-        wait_until(lambda: dead_ids(app) >= crashed, 10, message="both dead-lettered")
+        wait_until(lambda c=crashed: dead_ids(app) >= c, 10, message="both dead-lettered")
         log = w.log
         assert "Bad file descriptor" not in log and "BrokenPipeError" not in log, log
         assert "pool children died" not in log, log

@@ -1,10 +1,9 @@
 from datetime import UTC, datetime
 
 import orjson
-
-from celeriac import Celeriac
 import pytest
 
+from celeriac import Celeriac
 from celeriac.protocol import Message, parse_time, validate_headers, validate_properties
 
 V2_HEADERS = {"lang", "task", "id", "root_id", "parent_id", "group", "eta", "expires",
