@@ -27,6 +27,7 @@ from yarl import URL
 
 from ..errors import BrokerUnavailable, CeleriacError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Message
+from . import amqp_tolerant
 from . import amqp_wire as wire
 from .base import DeadLetter, Subscription
 
@@ -39,6 +40,8 @@ BROKEN = (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.Timeout
 _PER_CONSUMER_TIMEOUT = (3, 11, 15)
 _generations = itertools.count(1)
 _warned = False  # about x-consumer-timeout, once per process
+
+amqp_tolerant.install()  # one bad byte in a header must not crash-loop the connection
 
 
 class Encoded(spec.Basic.Properties):

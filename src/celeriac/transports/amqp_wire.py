@@ -268,8 +268,17 @@ def encode_properties(props: Mapping[str, Any]) -> bytes:
     return struct.pack(">H", flags) + b"".join(parts)
 
 
+def _utf8(text: str) -> bytes:
+    # surrogateescape first: lone surrogates from amqp_tolerant's decoding become the
+    # bytes they came from, so a dead letter is the message as it was published.
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
 def _shortstr(text: str) -> bytes:
-    raw = text.encode("utf-8", "surrogatepass")
+    raw = _utf8(text)
     if len(raw) > 255:
         raise ValueError(f"{text[:40]!r}... is longer than 255 bytes")
     return struct.pack(">B", len(raw)) + raw
@@ -282,7 +291,7 @@ def _table(table: Mapping[str, Any]) -> bytes:
 
 def _value(v: Any) -> bytes:
     if isinstance(v, str):
-        raw = v.encode("utf-8", "surrogatepass")
+        raw = _utf8(v)
         return b"S" + struct.pack(">I", len(raw)) + raw
     if isinstance(v, bool):
         return b"t" + struct.pack(">B", v)
