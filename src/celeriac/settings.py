@@ -52,6 +52,10 @@ class Settings:
     task_default_retry_delay: float = 180.0
     task_max_deliveries: int = 3
     """A message lost this many times (its worker died) goes to the dead-letter queue."""
+    task_redelivery_delay: float = 1.0
+    """Seconds a message whose pool child died waits in the delay store before it is
+    delivered again, doubling with each loss (capped at 60 s); 0: at once. A task that
+    crashes its process every time thus cannot spin the pool."""
 
     result_expires: float | None = 86400.0
     """Seconds a result is kept; ``None`` keeps results forever."""
@@ -124,6 +128,11 @@ class Settings:
         if self.worker_concurrency is not None and self.worker_concurrency < 1:
             raise ConfigurationError(
                 f"worker_concurrency must be >= 1, got {self.worker_concurrency!r}"
+            )
+        if not 0 <= self.task_redelivery_delay <= 3600:
+            raise ConfigurationError(
+                f"task_redelivery_delay must be 0-3600 seconds, got "
+                f"{self.task_redelivery_delay!r}"
             )
         if self.task_max_deliveries < 1:
             raise ConfigurationError(

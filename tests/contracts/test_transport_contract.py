@@ -416,6 +416,28 @@ def test_requeue_redelivered_counts_the_delivery(transport: TransportFactory) ->
     assert all(d.message == message(1) for d in seen)
 
 
+def test_requeue_with_a_delay_holds_it_in_the_delay_store(transport: TransportFactory) -> None:
+    """A lost delivery's backoff: the message comes back after the delay, counted once,
+    and a sleeping consumer wakes for it without a publish."""
+    producer = transport()
+    producer.publish(Q, message(1))
+
+    async def scenario() -> tuple[float, list[Delivery]]:
+        c = await consumer(transport, "c1")
+        [d] = await c.fetch([Q], 1, 1.0)
+        t0 = time.monotonic()
+        await c.requeue([d], redelivered=True, delay=0.3)
+        assert await c.fetch([Q], 1, 0.1) == []
+        got = await fetch_n(c, [Q], 1, 3.0)
+        return time.monotonic() - t0, got
+
+    waited, got = run(scenario())
+    assert ids(got) == ["id-1"]
+    assert got[0].delivery_count == 2
+    assert got[0].message == message(1)
+    assert 0.3 - EARLY <= waited < 0.3 + SLACK
+
+
 def test_dead_letter_moves_the_message_out_for_good(transport: TransportFactory) -> None:
     producer = transport()
     for n in range(3):

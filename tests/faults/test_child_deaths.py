@@ -30,7 +30,7 @@ def test_two_children_crashing_at_once_ten_fresh_workers(
     it survives every round, dead-letters both after their last delivery, and runs a
     good task after them."""
     for round_ in range(10):
-        w = start_worker("-c", "2", extra_env={})
+        w = start_worker("-c", "2", extra_env={"CELERIAC_TASK_REDELIVERY_DELAY": "0.05"})
         crashes = [t.exit_child.delay(1), t.segfault.delay()]
         for r in crashes:
             with pytest.raises(WorkerLostError, match=r"\(delivery 3 of 3\)"):

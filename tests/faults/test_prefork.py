@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,19 @@ def test_poison_task_dead_lettered_after_max_deliveries(
     assert dead[0].message.headers["id"] == r.id
     assert t.add.delay(2, 2).get(timeout=10) == 4  # no hot loop, worker fine
     assert w.log.count(f"{r.id}] lost") == 2
+    # Each loss waits in the delay store before the next delivery, twice as long as the
+    # one before (task_redelivery_delay = 1 s): 1 s, then 2 s.
+    times = [_logged_at(line) for line in w.log.splitlines() if r.id in line
+             and ("lost" in line or "WorkerLostError" in line)]
+    assert len(times) == 3
+    assert 1.0 <= times[1] - times[0] < 1.8, times
+    assert 2.0 <= times[2] - times[1] < 2.8, times
+
+
+def _logged_at(line: str) -> float:
+    stamp = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", line)
+    assert stamp, line
+    return datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def test_at_most_once_task_fails_at_once_when_its_child_dies(

@@ -336,12 +336,28 @@ class AMQPTransport(Transport):
         if link is not None:
             await link.ack({h.tag for h in held})
 
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
         link, held = self._current(deliveries)
-        if link is not None:
-            await self._copy(link, [(h, self.config.queue(h.queue),
-                                     h.count if redelivered else h.count - 1, None)
-                                    for h in held])
+        if link is None or not held:
+            return
+        if delay > 0:
+            # The producer's client declares and routes the delay levels; it blocks, so a
+            # thread of its own. Once the copies are confirmed the originals are acked;
+            # if that fails, the broker hands the originals out again.
+            copies = []
+            for h in held:
+                n = h.count if redelivered else h.count - 1
+                message = wire.from_wire(h.props, h.body).message
+                if n > 0:
+                    message = message.with_headers(**{wire.DELIVERIES: n})
+                copies.append(Outgoing(h.queue, message, delay))
+            await asyncio.to_thread(self.client.publish_many, copies)
+            await link.ack({h.tag for h in held})
+            return
+        await self._copy(link, [(h, self.config.queue(h.queue),
+                                 h.count if redelivered else h.count - 1, None)
+                                for h in held])
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         link, held = self._current([delivery])

@@ -86,9 +86,12 @@ class Transport(abc.ABC):
         """Forget these messages: they were handled."""
 
     @abc.abstractmethod
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
         """Return messages to their queues. ``redelivered=False`` gives back messages that
-        were never started, so the delivery does not count against ``task_max_deliveries``."""
+        were never started, so the delivery does not count against ``task_max_deliveries``.
+        With ``delay`` (seconds) they wait in the delay store first (a lost delivery's
+        backoff)."""
 
     @abc.abstractmethod
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:

@@ -167,8 +167,10 @@ class MemoryTransport(Transport):
                 if self._owned(d):
                     del self.broker.owned[d.tag]
 
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
         b = self.broker
+        now = time.time()
         with b.lock:
             for d in deliveries:
                 record = self._owned(d)
@@ -178,7 +180,10 @@ class MemoryTransport(Transport):
                 record.owner = None
                 if not redelivered:
                     record.deliveries -= 1
-                b.push(record)
+                if delay > 0:
+                    heapq.heappush(b.delayed, (now + delay, record.id, record))
+                else:
+                    b.push(record)
             b.notify()
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:

@@ -247,10 +247,12 @@ class RedisTransport(Transport):
         self._unacked.clear()
         self._held.difference_update(batch)
 
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
         tags = [d.tag for d in deliveries]
         if tags:
-            await self._settle(tags, "requeue", [self._me(), int(not redelivered), *tags])
+            await self._settle(tags, "requeue", [self._me(), int(not redelivered),
+                                                 max(round(delay * 1000), 0), *tags])
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         await self._settle([delivery.tag], "dead_letter", [self._me(), delivery.tag, reason])

@@ -165,13 +165,15 @@ class SQLiteTransport(Transport):
         with self.db.transaction() as conn:
             conn.executemany("DELETE FROM messages WHERE id = ? AND owner = ?", ids)
 
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
         uncount = 0 if redelivered else 1
+        eta = time.time() + delay if delay > 0 else None
         with self.db.transaction() as conn:
             conn.executemany(
-                "UPDATE messages SET owner = NULL, deliveries = max(deliveries - ?, 0)"
-                " WHERE id = ? AND owner = ?",
-                [(uncount, d.tag, self.consumer_id) for d in deliveries],
+                "UPDATE messages SET owner = NULL, eta = ?,"
+                " deliveries = max(deliveries - ?, 0) WHERE id = ? AND owner = ?",
+                [(eta, uncount, d.tag, self.consumer_id) for d in deliveries],
             )
         self.bell.ring()
 

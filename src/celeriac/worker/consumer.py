@@ -42,6 +42,8 @@ logger = logging.getLogger("celeriac.worker.consumer")
 
 FETCH_TIMEOUT = 1.0
 """Longest wait of one blocking fetch; the sleeper then asks again."""
+REDELIVERY_DELAY_CAP = 60.0
+"""Seconds: the longest wait of a lost message before its next delivery."""
 
 
 def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
@@ -406,9 +408,19 @@ class Consumer:
             elif action == "dead_letter":
                 self._after.append((delivery, outcome.reason or "rejected"))
             else:
-                self._spawn(self.transport.requeue([delivery], redelivered=True))
+                # A requeue with a reason is a loss (its process died): it waits a while,
+                # longer with each loss, so a task that kills its process every time
+                # cannot spin the pool. A task's own Reject(requeue=True) goes back now.
+                delay = self._redelivery_delay(delivery.delivery_count) if outcome.reason \
+                    else 0.0
+                self._spawn(self.transport.requeue([delivery], redelivered=True,
+                                                   delay=delay))
         self._dispatch()
         self._wake.set()
+
+    def _redelivery_delay(self, losses: int) -> float:
+        base: float = self.app.settings.task_redelivery_delay
+        return min(base * 2.0 ** min(max(losses - 1, 0), 16), REDELIVERY_DELAY_CAP)
 
     def _result(self, task_id: str, state: str, result: Any) -> None:
         try:

@@ -1,13 +1,32 @@
 -- requeue: return messages the consumer owns to their queues, waking idle consumers.
--- ARGV[2] consumer, [3] "1": the hand-out does not count (never started), [4..] ids.
+-- ARGV[2] consumer, [3] "1": the hand-out does not count (never started), [4] delay in
+-- ms (0: ready now; else they wait in the delay store), [5..] ids.
 -- Returns how many went back.
 
 local owned = key('owned', ARGV[2])
 local uncount = ARGV[3] == '1'
+local delay = tonumber(ARGV[4])
+local due = delay > 0 and now_ms() + delay
 local moved = 0
-for i = 4, #ARGV do
-  if redis.call('SREM', owned, ARGV[i]) == 1 and make_ready(ARGV[i], uncount) then
-    moved = moved + 1
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  if redis.call('SREM', owned, id) == 1 then
+    if due then
+      local k = key('m', id)
+      local q = redis.call('HGET', k, 'q')
+      if q then
+        if uncount and redis.call('HINCRBY', k, 'n', -1) < 0 then
+          redis.call('HSET', k, 'n', 0)
+        end
+        redis.call('ZADD', key('delayed'), due, id)
+        redis.call('SADD', key('dq', q), id)
+        -- A sleeper wakes to learn the new earliest due time.
+        touched[q] = true
+        moved = moved + 1
+      end
+    elseif make_ready(id, uncount) then
+      moved = moved + 1
+    end
   end
 end
 notify()

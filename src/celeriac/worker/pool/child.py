@@ -181,7 +181,8 @@ class RelayTransport(Transport):
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         raise NotImplementedError
 
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool) -> None:
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
         raise NotImplementedError
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
