@@ -88,13 +88,17 @@ def own_redis(tmp_path: Path) -> Iterator[Callable[[], None]]:
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
         wait_until(lambda: reachable("127.0.0.1", port), 10, message="redis up")
 
-    def restart() -> None:
+    def stop() -> None:
         procs[-1].send_signal(signal.SIGTERM)  # a clean shutdown; AOF has every write
         procs[-1].wait(10)
+
+    def restart() -> None:
+        stop()
         start()
 
     start()
     restart.port = port  # type: ignore[attr-defined]
+    restart.stop, restart.start = stop, start  # type: ignore[attr-defined]
     yield restart
     for p in procs:
         if p.poll() is None:
@@ -117,6 +121,28 @@ def test_redis_restart_during_5000_tasks(
     assert all(done[r.id].result == 2 * i for i, r in enumerate(results))
     assert w.proc is not None and w.proc.poll() is None  # it reconnected by itself
     assert "connection restored" in w.log
+
+
+def test_an_outage_is_two_lines_in_the_log_not_a_traceback_per_heartbeat(
+        app: Celeriac, own_redis: Callable[[], None], use: Callable[..., dict[str, str]],
+        start_worker: Callable[..., WorkerProcess]) -> None:
+    port = own_redis.port  # type: ignore[attr-defined]
+    url = f"redis://127.0.0.1:{port}/0"
+    use(f"{url}?namespace=b", f"{url}?namespace=r", CELERIAC_WORKER_LEASE_TIMEOUT="1.0")
+    w = start_worker("-c", "1")
+    assert t.add.delay(1, 1).get(timeout=10) == 2
+    own_redis.stop()  # type: ignore[attr-defined]
+    # Down for several heartbeats (one every 0.25 s) and fetch retries.
+    w.wait_for_log(r"lease heartbeat failed", 10)
+    w.wait_for_log(r"retry 4 in", 30)
+    own_redis.start()  # type: ignore[attr-defined]
+    assert t.add.delay(2, 2).get(timeout=30) == 4
+    w.wait_for_log(r"lease heartbeat works again after \d+\.\ds", 10)
+    log = w.log
+    assert log.count("lease heartbeat failed") == 1, log
+    assert log.count("lease heartbeat works again") == 1, log
+    assert "timer callback" not in log and "Traceback" not in log, log
+    assert w.proc is not None and w.proc.poll() is None
 
 
 @pytest.mark.parametrize("scheme", ["redis", "amqp"])

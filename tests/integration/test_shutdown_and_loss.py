@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from celeriac import Celeriac, WorkerLostError
+from celeriac.protocol import Delivery
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import app_tasks as t
 
@@ -73,6 +75,20 @@ def test_cold_shutdown_gives_back_everything_within_2s(
     assert time.monotonic() - began < 2.0
     assert not running.ready()
     assert app.transport.queue_length(QUEUE) == 1  # given back for another worker
+    # The children were killed before the give-back, and that kill is not the task's
+    # loss: nothing is counted against it, nothing logged as lost.
+    assert "lost" not in w.log, w.log
+    [d] = asyncio.run(_fetch_one(app))
+    assert d.delivery_count == 1
+
+
+async def _fetch_one(app: Celeriac) -> list[Delivery]:
+    t2 = app.transport
+    await t2.connect("inspector")
+    try:
+        return await t2.fetch([QUEUE], 1, 1.0)
+    finally:
+        await t2.disconnect()
 
 
 def test_killed_worker_messages_return_when_its_lease_expires(

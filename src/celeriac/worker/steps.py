@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 
+from ..errors import BrokerError
 from .blueprint import Step
 from .consumer import Consumer
 from .pool import POOLS
@@ -58,8 +60,26 @@ class ConsumerStep(Step):
         # go on while a warm shutdown waits for running tasks, or a task running longer
         # than the lease would be handed to another worker.
         lease = w.app.settings.worker_lease_timeout
-        self.beat = w.timer.call_repeatedly(max(lease / 4, 0.05), self.transport.heartbeat)
+        self.outage: float | None = None
+        """When the lease heartbeat started failing (monotonic), while it fails."""
+        self.beat = w.timer.call_repeatedly(max(lease / 4, 0.05), self._heartbeat)
         self.consumer.start()
+
+    async def _heartbeat(self) -> None:
+        try:
+            await self.transport.heartbeat()
+        except (BrokerError, ConnectionError, TimeoutError, OSError) as exc:
+            # An outage: one line when it starts and one when it ends, not a traceback
+            # every tick (the fetch loop reports its own retries meanwhile).
+            if self.outage is None:
+                self.outage = time.monotonic()
+                logger.warning("lease heartbeat failed (%s: %s); retrying quietly until "
+                               "the broker answers", type(exc).__name__, exc)
+            return
+        if self.outage is not None:
+            logger.warning("lease heartbeat works again after %.1fs",
+                           time.monotonic() - self.outage)
+            self.outage = None
 
     async def stop(self) -> None:
         c = self.consumer
@@ -79,6 +99,9 @@ class ConsumerStep(Step):
         running = len(c.worker.pool.running())
         logger.warning("cold shutdown: %d running task(s) and %d prefetched message(s) "
                        "given back", running, len(c.reserved))
+        # Kill first, then give back: a task that finished between a give-back and the
+        # kill would run twice. What finished before the kill is settled by the flush.
+        await c.worker.pool.terminate()
         await c.flush()
         # disconnect() returns every message this worker still owns, running ones too.
         await self.transport.disconnect()

@@ -202,6 +202,21 @@ class PreforkPool(Pool):
             self._detach(proc)  # EOF: the child exited; the supervisor reaps it
             self.supervisor.reap_soon()
             return
+        self._frames(proc, data)
+
+    def _drain(self, proc: ChildProc) -> None:
+        """Read what a dead child wrote before it died (a DONE frame, say) before its
+        pipe is closed: otherwise a finished task would count as lost and run again."""
+        while not proc.detached:
+            try:
+                data = os.read(proc.result_fd, 1 << 16)
+            except OSError:  # BlockingIOError included: nothing more was written
+                return
+            if not data:
+                return
+            self._frames(proc, data)
+
+    def _frames(self, proc: ChildProc, data: bytes) -> None:
         for kind, payload in proc.reader.feed(data):
             if kind == pipes.DONE:
                 self._on_done_frame(proc, payload)
@@ -265,13 +280,17 @@ class PreforkPool(Pool):
 
     def on_child_exit(self, proc: ChildProc, status: int) -> None:
         """Called by the supervisor once ``proc`` has been reaped."""
+        self._drain(proc)
         self._detach(proc)
         self.children.pop(proc.pid, None)
         how = describe_status(status)
         job = proc.job
         if job is not None:
             self._finish(proc)
-            self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
+            # Killed by a cold stop: not the task's fault, so not a counted loss. Its
+            # message stays with the consumer, whose disconnect gives it back uncounted.
+            if proc.killed_for != "cold shutdown":
+                self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
         if not self.children:
             self._all_gone.set()
         planned = proc.retiring or proc.killed_for in ("hard time limit", "cold shutdown")
