@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import states
-from ..errors import BrokerError, WorkerLostError
+from ..errors import BrokerError, CeleriacError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
 from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr
@@ -312,7 +312,7 @@ class Consumer:
                 # A check missed something: this message is refused, the rest go on.
                 logger.exception("could not take message from queue %r", delivery.queue)
                 reason = f"the worker could not take it: {type(exc).__name__}: {exc}"
-                self._refuse(delivery, Refusal(reason, exc))
+                self._refuse(delivery, Refusal(reason, CeleriacError(reason)))
         self._dispatch()
 
     # -- arrival ------------------------------------------------------------------------
