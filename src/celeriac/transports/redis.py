@@ -229,7 +229,7 @@ class RedisTransport(Transport):
         # The requeue script skips any id we settled meanwhile (it checks ownership).
         lost = await self.conn.acall(owned) - self._held
         if lost:
-            moved = await self.conn.arun("requeue", [me, int(not counted), *sorted(lost)])
+            moved = await self.conn.arun("requeue", [me, int(not counted), 0, *sorted(lost)])
             logger.warning("gave back %d message(s) owned by consumer %r that it never "
                            "received", moved, me)
         self._suspect = False
