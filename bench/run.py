@@ -87,6 +87,17 @@ class System(abc.ABC):
     """One line on how it runs (worker, pool), shown under the table."""
     bulk_methods: dict[str, str] = {}
     """Bulk enqueue methods: short label -> what exactly is called."""
+    io: bool = False
+    """The task does one Redis round trip (INCR on a connection of its own) and stores no
+    result; the drain is timed until the counter reaches N. Such systems measure
+    ``delay()`` and the drain only."""
+
+    sent = 0
+    """Tasks sent by the last ``enqueue``."""
+
+    @property
+    def io_key(self) -> str:
+        return f"bench:io:{self.key}"
 
     @abc.abstractmethod
     def setup(self, workdir: Path) -> None:
@@ -147,6 +158,11 @@ class CeleriacSystem(System):
     bulk_methods = {"delay_many": "noop.delay_many([()] * n, chunk_size={batch})"}
 
     def enqueue(self, n: int) -> None:
+        if self.io:
+            delay, key = self.app.tasks[bench_tasks.IO].delay, self.io_key
+            self.ids = [delay(key).id for _ in range(n)]
+            self.sent = n
+            return
         delay = self.noop.delay
         self.ids = [delay().id for _ in range(n)]
 
@@ -179,12 +195,12 @@ class CeleriacProcess(CeleriacSystem):
     """A broker other processes reach (SQLite file, Redis), a worker subprocess."""
 
     def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1,
-                 events: bool = False, watched: bool = False) -> None:
+                 events: bool = False, watched: bool = False, io: bool = False) -> None:
         self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
-        self.events, self.watched = events, watched
+        self.events, self.watched, self.io = events, watched, io
         suffix = f"prefork x{concurrency}" if pool == "prefork" else pool
         self.name = (f"celeriac {transport} {suffix}" + (" -E" if events else "")
-                     + (" watched" if watched else ""))
+                     + (" watched" if watched else "") + (" I/O task" if io else ""))
         where = ("broker + results in one SQLite file (WAL)" if transport == "sqlite" else
                  f"broker + results on Redis db {CELERIAC_REDIS_DB} ({CELERIAC_REDIS_URL})")
         self.detail = (f"{where}; worker: `celeriac -A tasks worker --pool {pool} "
@@ -227,6 +243,8 @@ class CeleriacProcess(CeleriacSystem):
         return self.worker.start(deadline)
 
     def wait_results(self, timeout: float) -> int:
+        if self.io:
+            return wait_io(self, timeout)
         # In slices, to notice a worker that died instead of waiting out the deadline.
         deadline = time.monotonic() + timeout
         pending, succeeded = list(self.ids), 0
@@ -499,10 +517,11 @@ class PeerDriver:
 class PeerSystem(System):
     """A peer on its own Redis database: its driver produces, its worker drains."""
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, io: bool = False) -> None:
         self.peer = peer
-        self.key = peer.key
-        self.name = peer.name
+        self.io = io
+        self.key = f"{peer.key}-io" if io else peer.key
+        self.name = peer.name + (" I/O task" if io else "")
         self.detail = f"{peer.detail}; worker: `{' '.join(peer.worker)}` subprocess"
         self.bulk_methods = peer.bulk_methods
         self.venv = PeerVenv(peer)
@@ -532,7 +551,11 @@ class PeerSystem(System):
 
     def enqueue(self, n: int) -> None:
         assert self.driver is not None
-        self.driver.call("enqueue", self.timeout, n=n)
+        if self.io:
+            self.driver.call("enqueue", self.timeout, n=n, key=self.io_key)
+            self.sent = n
+        else:
+            self.driver.call("enqueue", self.timeout, n=n)
 
     def enqueue_bulk(self, n: int, batch: int, method: str) -> None:
         assert self.driver is not None
@@ -550,6 +573,8 @@ class PeerSystem(System):
         return self.worker.start(deadline, self.peer.ready_lines)
 
     def wait_results(self, timeout: float) -> int:
+        if self.io:
+            return wait_io(self, timeout)
         assert self.driver is not None
         deadline = time.monotonic() + timeout
         while True:
@@ -595,12 +620,41 @@ class PeerSystem(System):
                 flush_redis_db(self.peer.redis_db)
 
 
+def io_counter() -> Any:
+    import redis
+
+    return redis.Redis.from_url(bench_tasks.IO_URL)
+
+
+def wait_io(system: System, timeout: float) -> int:
+    """Block until the I/O tasks' counter reaches N or ``timeout`` passes; returns it.
+    Polled every 2 ms (one GET), checking on the worker once a second."""
+    client, key, n = io_counter(), system.io_key, system.sent
+    deadline = time.monotonic() + timeout
+    next_check = time.monotonic() + 1.0
+    try:
+        while True:
+            done = int(client.get(key) or 0)
+            if done >= n or time.monotonic() >= deadline:
+                return done
+            if time.monotonic() >= next_check:
+                next_check += 1.0
+                worker = getattr(system, "worker", None)
+                if worker is not None:
+                    worker.check_alive("mid-drain")
+            time.sleep(0.002)
+    finally:
+        client.close()
+
+
 SYSTEMS: dict[str, Callable[[], System]] = {
     "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2),
+    "redis-io": lambda: CeleriacProcess("redis-io", "redis", "prefork", 2, io=True),
     "redis-events": lambda: CeleriacProcess("redis-events", "redis", "prefork", 2, events=True),
     "redis-events-watched": lambda: CeleriacProcess("redis-events-watched", "redis", "prefork",
                                                     2, events=True, watched=True),
     **{key: (lambda peer=peer: PeerSystem(peer)) for key, peer in PEERS.items()},
+    **{f"{key}-io": (lambda peer=peer: PeerSystem(peer, io=True)) for key, peer in PEERS.items()},
     "sqlite": lambda: CeleriacProcess("sqlite", "sqlite"),
     "sqlite-prefork": lambda: CeleriacProcess("sqlite-prefork", "sqlite", "prefork", 2),
     "memory": CeleriacMemory,
@@ -876,9 +930,13 @@ def percentile(samples: list[float], pct: int) -> float:
 def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
     n, timeout = opts.n, opts.timeout
     system.setup(workdir)
+    if system.io:
+        client = io_counter()
+        client.delete(system.io_key)
+        client.close()
     try:
         bulk = {}
-        if opts.batch:
+        if opts.batch and not system.io:
             for method in system.bulk_methods:
                 t0 = time.perf_counter()
                 system.enqueue_bulk(n, opts.batch, method)
@@ -896,7 +954,7 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
             raise BenchError(f"{n - succeeded} of {n} results missing or not SUCCESS after "
                              f"{timeout:.0f}s; {system.diagnostics()}")
         p50 = p99 = None
-        if opts.latency:
+        if opts.latency and not system.io:
             try:
                 samples = system.latency(opts.latency, opts.warmup, timeout)
             except BenchError:
@@ -1022,10 +1080,15 @@ REFERENCE = {"enqueue": 1650.0, "drain": 700.0, "p50": 0.0038}
 p50 seconds): printed beside this run's Celery for scale."""
 
 
+DRAMATIQ_DRAIN_TARGET = 2.0
+"""celeriac's drain over Dramatiq's (2 processes x 8 threads), for both tasks."""
+
+
 def ratio_table(outcomes: list[Outcome]) -> Table | None:
     by_key = {o.system.key: o for o in outcomes if o.runs}
-    ours = by_key.get("redis")
-    peers = [by_key[k] for k in PEERS if k in by_key]
+    ours = by_key.get("redis") or by_key.get("redis-io")
+    peers = [by_key.get(k) or by_key[f"{k}-io"] for k in PEERS
+             if k in by_key or f"{k}-io" in by_key]
     if ours is None or not peers:
         return None
     # (target key, label, celeriac's metric, the peer's metric, format)
@@ -1051,26 +1114,42 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
         table.add_column(f"celeriac/\n{label}", justify="right")
     table.add_column("target", justify="right")
     table.add_column("met?")
-    celery = by_key.get("celery")
-    for key, label, metric, peer_metric, fmt in rows:
-        mine = ours.median(metric)
-        row = [label, "-" if mine is None else format(mine, fmt)]
-        for p in peers:
-            theirs = p.median(peer_metric)
-            row.append("-" if theirs is None else format(theirs, fmt))
-            row.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
-        verdict, target = "", ""
-        kind, bound = TARGETS.get(key, ("", 0.0))
-        if kind == "ratio":
-            target = f">= {bound:g}x Celery"
-            theirs = celery.median(peer_metric) if celery else None
-            if mine and theirs:
-                verdict = "[green]yes[/]" if mine / theirs >= bound else "[red]no[/]"
-        elif kind == "ceiling":
-            target = f"< {bound * 1000:g} ms"
-            if mine is not None:
-                verdict = "[green]yes[/]" if mine / 1000 < bound else "[red]no[/]"
-        table.add_row(*row, target, verdict)
+    variants = [("", "")]
+    if "redis-io" in by_key:
+        variants.append(("-io", " (I/O task)"))
+    for suffix, title in variants:
+        mine_o = by_key.get("redis" + suffix)
+        celery = by_key.get("celery" + suffix)
+        for key, label, metric, peer_metric, fmt in rows:
+            if mine_o is None or (suffix and key not in ("enqueue", "drain")):
+                continue
+            mine = mine_o.median(metric)
+            row = [label + title, "-" if mine is None else format(mine, fmt)]
+            dramatiq = None
+            for p in peers:
+                po = by_key.get(PEERS[p.system.key.removesuffix("-io")].key + suffix)
+                theirs = po.median(peer_metric) if po else None
+                if po is not None and po.system.key.startswith("dramatiq"):
+                    dramatiq = theirs
+                row.append("-" if theirs is None else format(theirs, fmt))
+                row.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+            verdict, target = "", ""
+            kind, bound = TARGETS.get(key, ("", 0.0))
+            if kind == "ratio":
+                target = f">= {bound:g}x Celery"
+                theirs = celery.median(peer_metric) if celery else None
+                ok = bool(mine and theirs and mine / theirs >= bound)
+                if key == "drain":
+                    target += f", {DRAMATIQ_DRAIN_TARGET:g}x Dramatiq"
+                    ok = ok and bool(mine and dramatiq and
+                                     mine / dramatiq >= DRAMATIQ_DRAIN_TARGET)
+                if mine and theirs:
+                    verdict = "[green]yes[/]" if ok else "[red]no[/]"
+            elif kind == "ceiling":
+                target = f"< {bound * 1000:g} ms"
+                if mine is not None:
+                    verdict = "[green]yes[/]" if mine / 1000 < bound else "[red]no[/]"
+            table.add_row(*row, target, verdict)
     return table
 
 

@@ -26,18 +26,39 @@ from celeriac import Celeriac, Hooks, Settings
 from celeriac.tasks import Task
 
 NOOP = "bench.noop"
+IO = "bench.io"
+IO_URL = os.environ.get("BENCH_IO_URL", "redis://127.0.0.1:6379/12")
+"""Where the I/O task counts: a Redis database of its own, so the systems' flushes of
+their own databases leave it alone."""
 READY_LINE = "bench-ready"
+_io_client: Any = None
+_io_pid = 0
+
+
+def io_client() -> Any:
+    """This process's own connection for the I/O task (made after a fork, not inherited)."""
+    global _io_client, _io_pid
+    if _io_client is None or _io_pid != os.getpid():
+        import redis
+
+        _io_client, _io_pid = redis.Redis.from_url(IO_URL), os.getpid()
+    return _io_client
 
 
 def make_app(broker_url: str | None = None) -> tuple[Celeriac, Task[[], None]]:
     """An app with the no-op task: on ``broker_url`` with results beside it (default
-    settings otherwise), or, without a URL, on the ``CELERIAC_*`` environment."""
+    settings otherwise), or, without a URL, on the ``CELERIAC_*`` environment. It also
+    has the I/O task (``app.tasks[IO]``): one Redis INCR of ``key``, no result stored."""
     settings = Settings.from_env() if broker_url is None else Settings(broker_url=broker_url)
     app = Celeriac("bench", settings=settings)
 
     @app.task(name=NOOP)
     def noop() -> None:
         return None
+
+    @app.task(name=IO, ignore_result=True)
+    def io(key: str) -> None:
+        io_client().incr(key)
 
     return app, noop
 

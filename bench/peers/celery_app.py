@@ -27,6 +27,10 @@ def make_app(url: str = URL) -> tuple[Any, Any]:
     def noop() -> None:
         return None
 
+    @app.task(name=peerlib.IO, ignore_result=True)
+    def io(key: str) -> None:
+        peerlib.io_client().incr(key)
+
     return app, noop
 
 

@@ -42,3 +42,8 @@ dramatiq.set_broker(broker)
 @dramatiq.actor(actor_name=NOOP, store_results=True)
 def noop() -> None:
     return None
+
+
+@dramatiq.actor(actor_name=peerlib.IO, store_results=False)
+def io(key: str) -> None:
+    peerlib.io_client().incr(key)

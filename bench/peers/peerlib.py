@@ -41,6 +41,21 @@ from importlib import metadata
 from typing import Any
 
 READY_LINE = "bench-ready"
+IO = "bench.io"
+IO_URL = os.environ.get("BENCH_IO_URL", "redis://127.0.0.1:6379/12")
+_io: Any = None
+_io_pid = 0
+
+
+def io_client() -> Any:
+    """This process's own Redis connection for the I/O task (one INCR per task); the
+    peers' virtualenvs have redis-py, which their Redis brokers need."""
+    global _io, _io_pid
+    if _io is None or _io_pid != os.getpid():
+        import redis
+
+        _io, _io_pid = redis.Redis.from_url(IO_URL), os.getpid()
+    return _io
 
 
 def announce_ready() -> None:
