@@ -991,7 +991,7 @@ def bench(systems: list[System], opts: argparse.Namespace, root: Path) -> list[O
 
 def run_once(outcome: Outcome, i: int, opts: argparse.Namespace, root: Path) -> None:
     system = outcome.system
-    workdir = root / f"{system.name.replace(' ', '-')}-{i}"
+    workdir = root / f"{system.key}-{i}"
     workdir.mkdir()
     try:
         run = measure(system, opts, workdir)
@@ -1109,7 +1109,7 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
     table.add_column("metric")
     table.add_column("celeriac\nredis", justify="right")
     for p in peers:
-        label = PEERS[p.system.key].label
+        label = PEERS[p.system.key.removesuffix("-io")].label
         table.add_column(label, justify="right")
         table.add_column(f"celeriac/\n{label}", justify="right")
     table.add_column("target", justify="right")
