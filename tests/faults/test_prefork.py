@@ -184,3 +184,18 @@ def test_autoscale_grows_with_backlog_and_shrinks_when_idle(
     assert app.backend.wait_for([r.id for r in results], 20).keys() == {r.id for r in results}
     wait_until(lambda: len(children_of(w.pid)) == 1, 15, message="shrank to 1")
     assert "pool grew" in w.log and "pool shrank" in w.log
+
+
+def test_a_long_task_never_holds_short_ones_back_while_a_child_is_idle(
+        app: Celeriac, start_worker: Callable[..., WorkerProcess]) -> None:
+    """Children hold their next job in their pipe while busy (the lookahead); one held
+    behind a long task is recalled as soon as another child is idle."""
+    start_worker("-c", "2", extra_env={"CELERIAC_WORKER_PREFETCH_MULTIPLIER": "64"})
+    long = t.sleep.delay(5)
+    began = time.monotonic()
+    short = t.add.delay_many([(i, i) for i in range(100)])
+    done = app.backend.wait_for([r.id for r in short], timeout=4.5)
+    assert len(done) == 100, f"{100 - len(done)} short tasks waited behind the long one"
+    assert time.monotonic() - began < 4.5
+    assert not long.ready()  # all of them while the long one still ran
+    assert long.get(timeout=10) == 5

@@ -60,8 +60,8 @@ class Consumer:
         self.queues = worker.queues
         self.reserved: deque[Job] = deque()
         self.deliveries: dict[int, Delivery] = {}
-        """Job id -> delivery, for the messages in hand: reserved or running."""
-        self._next_job = 0
+        """Job seq -> delivery, for the messages in hand: reserved, in the pool, running."""
+        self._next_seq = 0
         self._acks: list[Delivery] = []
         self._results: list[Stored] = []
         self._after: list[tuple[Delivery, str]] = []
@@ -99,6 +99,9 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self.pool.on_ready = self._dispatch
+        self.pool.on_returned = self._returned
+        if self.events is not None:
+            self.pool.on_started = self._started
         self.loop = asyncio.get_running_loop()
         if self.events is not None:
             self.events.loop = self.loop
@@ -136,7 +139,7 @@ class Consumer:
         jobs = list(self.reserved)
         self.reserved.clear()
         if jobs:
-            await self.transport.requeue([self.deliveries.pop(j.id) for j in jobs],
+            await self.transport.requeue([self.deliveries.pop(j.seq) for j in jobs],
                                          redelivered=False)
         return len(jobs)
 
@@ -360,25 +363,24 @@ class Consumer:
                 return None
             self._acks.append(d)
             return self._wake.set()
-        self._next_job += 1
-        job = Job(self._next_job, headers, d.message.body, d.message.content_type, d.queue,
+        self._next_seq += 1
+        job = Job(self._next_seq, headers, d.message.body, d.message.content_type, d.queue,
                   d.delivery_count, self.worker.hostname)
-        self.deliveries[job.id] = d
+        self.deliveries[job.seq] = d
         self.reserved.append(job)
         if events is not None:
             events.received(headers, d.queue)
         return None
 
     def _dispatch(self) -> None:
-        while self.reserved and self.pool.free_slots() > 0:
+        pool = self.pool
+        while self.reserved and (pool.free_slots() or pool.queue_slots()):
             job = self.reserved.popleft()
             task = self.app.tasks[job.headers["task"]]
             if not task.acks_late:
                 # At-most-once: the message is gone before the task runs.
-                self._acks.append(self.deliveries[job.id])
+                self._acks.append(self.deliveries[job.seq])
                 self._wake.set()
-            if self.events is not None:
-                self.events.started(job.headers["id"])
             try:
                 self.pool.submit(job)
             except Exception as exc:
@@ -389,10 +391,20 @@ class Consumer:
                             "to the pool", exc)
                 return
 
+    def _started(self, job: Job) -> None:
+        assert self.events is not None
+        self.events.started(job.headers["id"])
+
+    def _returned(self, job: Job) -> None:
+        """A job the pool took and never started: first in line again."""
+        self.reserved.appendleft(job)
+        if self._fetching:  # a warm stop gives it back with the other reserved ones
+            self._dispatch()
+
     # -- completion ---------------------------------------------------------------------
     def on_job_done(self, job: Job, outcome: Outcome) -> None:
         self.processed += 1
-        delivery = self.deliveries.pop(job.id, None)
+        delivery = self.deliveries.pop(job.seq, None)
         if outcome.stored is not None:
             self._results.append(outcome.stored)
         if self.events is not None:

@@ -56,7 +56,8 @@ def _slot_setters(cls: type, names: str) -> tuple[Callable[[Any, Any], None], ..
 class Job:
     """A message as the pool receives it: the body is still undecoded bytes."""
 
-    id: int
+    seq: int
+    """This worker's number for the job (not the task id, which is ``headers["id"]``)."""
     headers: dict[str, Any]
     body: bytes
     content_type: str
@@ -64,11 +65,11 @@ class Job:
     delivery_count: int
     hostname: str
 
-    def __init__(self, id: int, headers: dict[str, Any], body: bytes, content_type: str,
+    def __init__(self, seq: int, headers: dict[str, Any], body: bytes, content_type: str,
                  queue: str, delivery_count: int, hostname: str) -> None:
-        set_id, set_headers, set_body, set_content_type, set_queue, set_count, set_host = (
+        set_seq, set_headers, set_body, set_content_type, set_queue, set_count, set_host = (
             _JOB_SETTERS)
-        set_id(self, id)
+        set_seq(self, seq)
         set_headers(self, headers)
         set_body(self, body)
         set_content_type(self, content_type)
@@ -77,7 +78,7 @@ class Job:
         set_host(self, hostname)
 
 
-_JOB_SETTERS = _slot_setters(Job, "id headers body content_type queue delivery_count hostname")
+_JOB_SETTERS = _slot_setters(Job, "seq headers body content_type queue delivery_count hostname")
 
 
 @dataclass(frozen=True, slots=True, init=False)

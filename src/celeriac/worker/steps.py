@@ -84,6 +84,7 @@ class ConsumerStep(Step):
     async def stop(self) -> None:
         c = self.consumer
         await c.stop_fetching()
+        await c.worker.pool.recall_queued()  # not started: given back with the reserved
         given_back = await c.give_back_reserved()
         running = len(c.worker.pool.running())
         logger.warning("warm shutdown: %d task(s) running, %d prefetched message(s) given back",

@@ -1,9 +1,10 @@
 """The pool interface: where the worker's main process sends jobs to be executed.
 
-The consumer submits a ``Job`` only while ``free_slots() > 0`` and is called back with
-the job and its ``Outcome`` on the event loop when the job is done. A pool never holds
-queued jobs of its own: prefetched messages wait in the consumer, where shutdown can give
-them back.
+The consumer submits a ``Job`` while ``free_slots() + queue_slots() > 0`` and is called
+back with the job and its ``Outcome`` on the event loop when the job is done. A free slot
+starts the job now; a queue slot (prefork's lookahead) holds it behind a running job, and
+the pool hands it back through ``on_returned`` if it cannot start it after all. Other
+prefetched messages wait in the consumer, where shutdown can give them back.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class Pool(abc.ABC):
         self.on_done = on_done
         self.on_ready: Callable[[], None] = lambda: None
         """Called when a slot may have opened outside ``on_done`` (a child came up)."""
+        self.on_started: Callable[[Job], None] = lambda job: None
+        """Called when a job starts running (task events)."""
+        self.on_returned: Callable[[Job], None] = lambda job: None
+        """Called with a job the pool took but never started and cannot start now."""
         self.on_fatal: Callable[[str], None] = lambda reason: None
         """Called when the pool cannot go on (a restart storm); the worker stops."""
         self.task_events = False
@@ -43,7 +48,16 @@ class Pool(abc.ABC):
         """Start ``job``; only called while ``free_slots() > 0``."""
 
     @abc.abstractmethod
-    def free_slots(self) -> int: ...
+    def free_slots(self) -> int:
+        """Jobs that would start at once."""
+
+    def queue_slots(self) -> int:
+        """Jobs that would wait behind a running one (a lookahead); 0 if none."""
+        return 0
+
+    async def recall_queued(self) -> None:
+        """Hand back (``on_returned``) every job waiting behind a running one, so that a
+        warm stop can give its message back; take no more of them."""
 
     @abc.abstractmethod
     def running(self) -> list[Job]:

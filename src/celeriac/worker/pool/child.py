@@ -26,6 +26,7 @@ from ...protocol import Delivery, Message
 from ...transports.base import DeadLetter, Outgoing, Subscription, Transport, transport_class
 from ..execute import Result, execute_message
 from . import pipes
+from .channels import Inbox, Outbox
 
 if TYPE_CHECKING:
     from ...app import Celeriac
@@ -35,8 +36,9 @@ logger = logging.getLogger("celeriac.worker.pool.child")
 PR_SET_PDEATHSIG = 1
 
 
-def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
-         max_tasks: int | None, max_memory_kib: int | None, task_events: bool = False) -> int:
+def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
+         parent_fds: Sequence[int], max_tasks: int | None, max_memory_kib: int | None,
+         task_events: bool = False) -> int:
     """Run the child; returns its exit code (the caller passes it to ``os._exit``)."""
     parent = os.getppid()
     _die_with_parent()
@@ -46,51 +48,45 @@ def main(app: Celeriac, job_r: int, result_w: int, parent_fds: Sequence[int],
     for fd in parent_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    _fresh_connections(app, result_w)
+    outbox = Outbox(result_w)
+    _fresh_connections(app, outbox)
     try:
         app.hooks.call_strict("worker_process_init")
     except Exception as exc:
         logger.error("worker_process_init failed in child %d: %r", os.getpid(), exc)
         return 2
-    pipes.write_all(result_w, pipes.frame(pipes.UP, str(os.getpid()).encode()))
+    inbox = Inbox(job_r, control_r, outbox)
+    inbox.start()
+    outbox.send(pipes.frame(pipes.UP, str(os.getpid()).encode()))
 
     done_tasks = 0
     while True:
-        frame = pipes.read_frame(job_r)
+        frame = inbox.next()
         if frame is None:
             return 0  # EOF: the parent closed our pipe or died
         kind, payload = frame
         if kind == pipes.STOP:
             return 0
-        meta, body = pipes.split_blob(payload)
-        job_id, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
-        action, state, reason, runtime, stored, shown = _run(
-            app, headers, body, content_type, queue, delivery_count, hostname, soft_limit,
-            task_events)
+        job = pipes.decode_job(payload)
+        result = _run(app, job, task_events)
         done_tasks += 1
         retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
         # The result travels with DONE: the parent stores it (batched with other
         # children's) before it acknowledges the message.
-        meta = [job_id, action, state, reason, runtime, retire]
-        if stored is not None or shown is not None:
-            meta += [stored.content_type if stored else None,
-                     stored.expires_at if stored else None, shown]
-        pipes.write_all(result_w, pipes.frame_with_blob(
-            pipes.DONE, meta, stored.data if stored else b""))
+        outbox.send(pipes.encode_done(job.seq, result, retire))
         if retire:
             return 0
         if os.getppid() != parent:
             return 0
 
 
-def _run(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str, queue: str,
-         delivery_count: int, hostname: str, soft_limit: float | None, task_events: bool
-         ) -> Result:
+def _run(app: Celeriac, job: pipes.JobFrame, task_events: bool) -> Result:
+    soft_limit = job.soft_limit
     if soft_limit:
         signal.setitimer(signal.ITIMER_REAL, soft_limit)
     try:
-        return execute_message(app, headers, body, content_type, queue, delivery_count,
-                               hostname, task_events)
+        return execute_message(app, job.headers, job.body, job.content_type, job.queue,
+                               job.delivery_count, job.hostname, task_events)
     except SoftTimeLimitExceeded as exc:  # fired outside the task body (rare)
         return "ack", None, repr(exc), 0.0, None, None
     finally:
@@ -145,16 +141,16 @@ def _reset_signals() -> None:
 _INHERITED: list[Any] = []
 
 
-def _fresh_connections(app: Celeriac, result_w: int) -> None:
+def _fresh_connections(app: Celeriac, outbox: Outbox) -> None:
     # Keep the parent's connection objects alive but unused: closing an inherited SQLite
     # or socket handle from the child could disturb the parent's use of it.
     _INHERITED.append((app._transport, app._backend))
     app._transport = app._backend = None
     app._pid = os.getpid()
     if transport_class(app.settings.broker_url).process_local:
-        app._transport = RelayTransport(app.settings.broker_url, app.settings, result_w)
+        app._transport = RelayTransport(app.settings.broker_url, app.settings, outbox)
     if backend_class(app.settings.backend_url).process_local:
-        app._backend = RelayBackend(app.settings.backend_url, app.settings, result_w)
+        app._backend = RelayBackend(app.settings.backend_url, app.settings, outbox)
 
 
 class RelayTransport(Transport):
@@ -162,17 +158,17 @@ class RelayTransport(Transport):
 
     scheme = "relay"
 
-    def __init__(self, url: str, settings: Any, fd: int) -> None:
+    def __init__(self, url: str, settings: Any, outbox: Outbox) -> None:
         super().__init__(url, settings)
-        self.fd = fd
+        self.outbox = outbox
 
     def publish_many(self, items: Sequence[Outgoing]) -> None:
         for item in items:
             self.check_size(item.message)
             meta = {"queue": item.queue, "delay": item.delay,
                     "envelope": item.message.envelope().decode()}
-            pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_PUBLISH, meta,
-                                                           item.message.body))
+            self.outbox.send(pipes.frame_with_blob(pipes.RELAY_PUBLISH, meta,
+                                                   item.message.body))
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float
                     ) -> list[Delivery]:
@@ -218,14 +214,14 @@ class RelayBackend(ResultBackend):
 
     scheme = "relay"
 
-    def __init__(self, url: str, settings: Any, fd: int) -> None:
+    def __init__(self, url: str, settings: Any, outbox: Outbox) -> None:
         super().__init__(url, settings)
-        self.fd = fd
+        self.outbox = outbox
 
     def store_many(self, items: Sequence[Stored]) -> None:
         for task_id, content_type, data, expires_at in items:
             meta = (task_id, content_type, expires_at)
-            pipes.write_all(self.fd, pipes.frame_with_blob(pipes.RELAY_RESULT, meta, data))
+            self.outbox.send(pipes.frame_with_blob(pipes.RELAY_RESULT, meta, data))
 
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         raise NotImplementedError("read results from the caller, not from a pool child")

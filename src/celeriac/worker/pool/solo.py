@@ -30,6 +30,7 @@ class SoloPool(Pool):
         self._loop = asyncio.get_running_loop()
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._current: Job | None = None
+        self._terminated = False
         self._idle = asyncio.Event()
         self._idle.set()
         self._thread = threading.Thread(target=self._work, name="celeriac-solo", daemon=True)
@@ -37,6 +38,7 @@ class SoloPool(Pool):
         self.app.hooks.call("worker_process_init")
 
     def submit(self, job: Job) -> None:
+        self.on_started(job)
         self._current = job
         self._idle.clear()
         self._jobs.put(job)
@@ -58,6 +60,8 @@ class SoloPool(Pool):
             self._loop.call_soon_threadsafe(self._done, job, outcome)
 
     def _done(self, job: Job, outcome: Outcome) -> None:
+        if self._terminated:
+            return  # abandoned: its message is given back by the cold stop
         self._current = None
         self._idle.set()
         self.on_done(job, outcome)
@@ -70,5 +74,6 @@ class SoloPool(Pool):
         await asyncio.to_thread(self._thread.join, 5.0)
 
     async def terminate(self) -> None:
+        self._terminated = True
         self._current = None
         self._jobs.put(_STOP)  # the daemon thread dies with the process if still busy

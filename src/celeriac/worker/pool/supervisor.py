@@ -20,7 +20,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .prefork import ChildProc, PreforkPool
+    from .children import ChildProc
+    from .prefork import PreforkPool
 
 logger = logging.getLogger("celeriac.worker.pool.supervisor")
 

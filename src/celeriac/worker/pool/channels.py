@@ -1,0 +1,90 @@
+"""A pool child's ends of its pipes: the ``Inbox`` it takes jobs from and the ``Outbox``
+every frame it sends goes through.
+
+The parent keeps a child's next job in the child's job pipe while the child runs the
+current one (a lookahead of one job), so that a child never waits for the parent between
+two tasks. That must not let a long task hold a short one back while another child is
+idle: the parent then asks for the waiting job back with a RECALL frame on the child's
+control pipe. The child's main thread is busy with the long task, so a control thread
+answers: it takes the frames waiting in the job pipe into ``Inbox.pending`` (under the
+lock that the main thread takes to read a job, so that the two never read the pipe at the
+same time), removes the recalled job and answers RECALLED. If the main thread took the
+job first, it answers STARTED. Either answer follows, in the result pipe, the DONE of the
+job before (the main thread writes that DONE before it takes the next job), so the
+parent always knows which.
+
+The main thread's cost per job is one uncontended lock; the control thread sleeps in a
+read of its pipe and needs the GIL only for a recall.
+"""
+
+from __future__ import annotations
+
+import select
+import threading
+from collections import deque
+
+from . import pipes
+
+
+class Outbox:
+    """Frames to the parent, whole, from any thread of the child (the main thread's UP
+    and DONE, relayed results and publishes, the control thread's RECALLED)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        with self.lock:
+            pipes.write_all(self.fd, data)
+
+
+class Inbox:
+    """Jobs from the parent, in order, minus the ones recalled before they started."""
+
+    def __init__(self, job_fd: int, control_fd: int, outbox: Outbox) -> None:
+        self.job_fd = job_fd
+        self.control_fd = control_fd
+        self.outbox = outbox
+        self.lock = threading.Lock()
+        self.pending: deque[tuple[int, bytes]] = deque()
+        """Frames the control thread took from the job pipe and did not recall."""
+
+    def start(self) -> None:
+        threading.Thread(target=self._control, name="celeriac-child-control",
+                         daemon=True).start()
+
+    def next(self) -> tuple[int, bytes] | None:
+        """The next frame from the parent; None at EOF (the parent is gone)."""
+        # Blocking in the read with the lock held is what makes a recall safe: the
+        # control thread can only look while the main thread is not reading, so a job
+        # is either taken here (and runs) or taken back there (and never runs).
+        with self.lock:
+            if self.pending:
+                return self.pending.popleft()
+            return pipes.read_frame(self.job_fd)
+
+    def _control(self) -> None:
+        while True:
+            frame = pipes.read_frame(self.control_fd)
+            if frame is None:
+                return  # the parent is gone; the main thread sees EOF too
+            kind, payload = frame
+            if kind == pipes.RECALL:
+                self._recall(int(payload))
+
+    def _recall(self, seq: int) -> None:
+        with self.lock:
+            # Whatever the parent has written is in the pipe by now (it sends RECALL
+            # after the job): read it all without waiting for more.
+            while select.select([self.job_fd], [], [], 0)[0]:
+                frame = pipes.read_frame(self.job_fd)
+                if frame is None:
+                    break
+                self.pending.append(frame)
+            for frame in self.pending:
+                if frame[0] == pipes.JOB and pipes.job_seq(frame[1]) == seq:
+                    self.pending.remove(frame)
+                    self.outbox.send(pipes.frame(pipes.RECALLED, str(seq).encode()))
+                    return
+            self.outbox.send(pipes.frame(pipes.STARTED, str(seq).encode()))

@@ -1,0 +1,184 @@
+"""The pool contract: what the consumer may rely on, for every execution pool.
+
+Each test drives a pool directly on an event loop, as the consumer does: jobs are
+submitted while ``free_slots() + queue_slots() > 0``, outcomes come back through
+``on_done``, jobs handed back through ``on_returned`` go first in line again. Prefork
+runs real children; solo runs its executor thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from celeriac import Celeriac
+from celeriac.worker.execute import Job, Outcome
+from celeriac.worker.pool import POOLS
+from celeriac.worker.pool.base import Pool
+
+pytestmark = pytest.mark.slow
+
+POOL_NAMES = sorted(POOLS)
+
+
+@pytest.fixture
+def app() -> Iterator[Celeriac]:
+    url = f"memory://{uuid.uuid4().hex}"
+    app = Celeriac("pools", broker=url, backend=url)
+
+    @app.task(name="nap")
+    def nap(seconds: float) -> int:
+        import time
+
+        time.sleep(seconds)  # sleep-ok: the task's own work
+        return os.getpid()
+
+    yield app
+    app.close()
+
+
+class Consumer:
+    """The consumer's side of the contract, and nothing else."""
+
+    def __init__(self, app: Celeriac, name: str, concurrency: int) -> None:
+        self.done: dict[int, Outcome] = {}
+        self.order: list[int] = []
+        self.reserved: deque[Job] = deque()
+        self.started: list[int] = []
+        self.stopping = False
+        self.seq = 0
+        self.pool: Pool = POOLS[name](app, concurrency, self.on_done)
+        self.pool.on_ready = self.dispatch
+        self.pool.on_returned = self.returned
+        self.pool.on_started = lambda job: self.started.append(job.seq)
+
+    def on_done(self, job: Job, outcome: Outcome) -> None:
+        self.done[job.seq] = outcome
+        self.order.append(job.seq)
+        self.dispatch()
+
+    def returned(self, job: Job) -> None:
+        self.reserved.appendleft(job)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        pool = self.pool
+        while not self.stopping and self.reserved and (pool.free_slots() or pool.queue_slots()):
+            pool.submit(self.reserved.popleft())
+
+    def send(self, *seconds: float) -> list[int]:
+        seqs = []
+        for s in seconds:
+            self.seq += 1
+            seq = self.seq
+            headers: dict[str, Any] = {"task": "nap", "id": f"job-{uuid.uuid4()}",
+                                       "timelimit": [None, None]}
+            self.reserved.append(Job(seq, headers, orjson.dumps([[s], {}, {}]),
+                                     "application/json", "celery", 1, "test@host"))
+            seqs.append(seq)
+        self.dispatch()
+        return seqs
+
+    async def wait(self, seqs: list[int], timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not all(s in self.done for s in seqs):
+            assert loop.time() < deadline, f"not done in {timeout}s: " \
+                f"{[s for s in seqs if s not in self.done]}"
+            await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+
+
+async def started(c: Consumer) -> None:
+    await c.pool.start()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while c.pool.free_slots() < c.pool.concurrency:
+        assert loop.time() < deadline, "pool not up"
+        await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+
+
+@pytest.mark.parametrize("name", POOL_NAMES)
+def test_every_job_is_reported_once_with_its_result(app: Celeriac, name: str) -> None:
+    async def main() -> Consumer:
+        c = Consumer(app, name, 2)
+        await started(c)
+        seqs = c.send(*[0.0] * 50)
+        await c.wait(seqs)
+        await c.pool.join()
+        assert c.pool.running() == []
+        await c.pool.stop()
+        return c
+
+    c = asyncio.run(main())
+    assert sorted(c.order) == sorted(c.done) and len(c.order) == 50  # once each
+    assert all(o.action == "ack" and o.state == "SUCCESS" and o.stored is not None
+               for o in c.done.values())
+    assert sorted(c.started) == sorted(c.done)  # each reported started, once
+
+
+@pytest.mark.parametrize("name", POOL_NAMES)
+def test_a_long_job_holds_no_short_one_back_while_a_slot_is_free(
+        app: Celeriac, name: str) -> None:
+    if name == "solo":
+        pytest.skip("one slot: nothing can run beside the long job")
+
+    async def main() -> tuple[Consumer, list[int], list[int]]:
+        c = Consumer(app, name, 2)
+        await started(c)
+        [long] = c.send(2.0)
+        short = c.send(*[0.001] * 40)
+        await c.wait(short, timeout=1.8)
+        assert long not in c.done  # all the short ones while the long one ran
+        await c.wait([long])
+        await c.pool.stop()
+        return c, [long], short
+
+    c, _, short = asyncio.run(main())
+    assert all(s in c.done for s in short)
+
+
+@pytest.mark.parametrize("name", POOL_NAMES)
+def test_recall_queued_hands_back_every_job_not_started(app: Celeriac, name: str) -> None:
+    async def main() -> Consumer:
+        c = Consumer(app, name, 2)
+        await started(c)
+        running = c.send(*[0.5] * c.pool.concurrency)
+        c.send(0.0, 0.0, 0.0, 0.0)  # into queue slots, if the pool has them
+        c.stopping = True  # as a warm stop: nothing more is dispatched
+        await c.pool.recall_queued()
+        await c.wait(running)
+        await c.pool.join()
+        assert c.pool.running() == []
+        await c.pool.stop()
+        return c
+
+    c = asyncio.run(main())
+    assert len(c.done) == c.pool.concurrency and len(c.reserved) == 4  # the rest never ran
+
+
+@pytest.mark.parametrize("name", POOL_NAMES)
+def test_terminate_abandons_running_jobs_without_reporting_them(
+        app: Celeriac, name: str) -> None:
+    async def main() -> Consumer:
+        c = Consumer(app, name, 2)
+        await started(c)
+        c.send(5.0, 5.0, 0.0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while len(c.started) < c.pool.concurrency:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+        began = loop.time()
+        await c.pool.terminate()
+        assert loop.time() - began < 3
+        return c
+
+    c = asyncio.run(main())
+    assert c.done == {}  # the consumer gives their messages back itself
