@@ -94,6 +94,8 @@ class System(abc.ABC):
 
     sent = 0
     """Tasks sent by the last ``enqueue``."""
+    scale = 1
+    """Workers it runs (each of 2 processes); each run sends N x this many tasks."""
 
     @property
     def io_key(self) -> str:
@@ -195,12 +197,14 @@ class CeleriacProcess(CeleriacSystem):
     """A broker other processes reach (SQLite file, Redis), a worker subprocess."""
 
     def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1,
-                 events: bool = False, watched: bool = False, io: bool = False) -> None:
+                 events: bool = False, watched: bool = False, io: bool = False,
+                 scale: int = 1) -> None:
         self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
-        self.events, self.watched, self.io = events, watched, io
+        self.events, self.watched, self.io, self.scale = events, watched, io, scale
         suffix = f"prefork x{concurrency}" if pool == "prefork" else pool
         self.name = (f"celeriac {transport} {suffix}" + (" -E" if events else "")
-                     + (" watched" if watched else "") + (" I/O task" if io else ""))
+                     + (" watched" if watched else "") + (" I/O task" if io else "")
+                     + (f", {scale} workers" if scale > 1 else ""))
         where = ("broker + results in one SQLite file (WAL)" if transport == "sqlite" else
                  f"broker + results on Redis db {CELERIAC_REDIS_DB} ({CELERIAC_REDIS_URL})")
         self.detail = (f"{where}; worker: `celeriac -A tasks worker --pool {pool} "
@@ -209,6 +213,8 @@ class CeleriacProcess(CeleriacSystem):
                           + ("a subscriber process reading them all" if watched else
                              "nobody listening") if events else ""))
         self.worker: WorkerProcess | None = None
+        self.others: list[WorkerProcess] = []
+        """Workers beyond the first (``scale``)."""
         self.watcher: subprocess.Popen[bytes] | None = None
         self.db_path: Path | None = None
 
@@ -240,7 +246,17 @@ class CeleriacProcess(CeleriacSystem):
         if self.watched:
             self.watcher = start_watcher(deadline)
         self.worker = WorkerProcess(argv, env, self.workdir, self.workdir / "worker.log")
-        return self.worker.start(deadline)
+        self.others = [WorkerProcess(argv, env, self.workdir, self.workdir / f"worker{i}.log")
+                       for i in range(1, self.scale)]
+        if not self.others:
+            return self.worker.start(deadline)
+        # All at once; the drain is timed from the first one consuming (the others
+        # come up within that worker's first moments, so the figure errs low).
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.scale) as pool:
+            ready = list(pool.map(lambda w: w.start(deadline), [self.worker, *self.others]))
+        return min(ready)
 
     def wait_results(self, timeout: float) -> int:
         if self.io:
@@ -260,8 +276,9 @@ class CeleriacProcess(CeleriacSystem):
 
     def stop_worker(self) -> None:
         worker, self.worker = self.worker, None
-        if worker is not None:
-            worker.stop()
+        others, self.others = self.others, []
+        for w in ([worker] if worker is not None else []) + others:
+            w.stop()
         watcher, self.watcher = self.watcher, None
         if watcher is not None:
             watcher.kill()
@@ -650,6 +667,7 @@ def wait_io(system: System, timeout: float) -> int:
 SYSTEMS: dict[str, Callable[[], System]] = {
     "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2),
     "redis-io": lambda: CeleriacProcess("redis-io", "redis", "prefork", 2, io=True),
+    "redis-x4": lambda: CeleriacProcess("redis-x4", "redis", "prefork", 2, scale=4),
     "redis-events": lambda: CeleriacProcess("redis-events", "redis", "prefork", 2, events=True),
     "redis-events-watched": lambda: CeleriacProcess("redis-events-watched", "redis", "prefork",
                                                     2, events=True, watched=True),
@@ -905,6 +923,10 @@ class Run:
     p50: float | None
     """seconds, one delay() + get() with an idle worker"""
     p99: float | None
+    rss_parent: float | None = None
+    """MiB, the (first) worker's main process after the drain"""
+    rss_child: float | None = None
+    """MiB, its largest other process after the drain"""
 
     @property
     def best_bulk(self) -> float | None:
@@ -922,13 +944,43 @@ class Outcome:
         return statistics.median(got) if got else None
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux ``/proc``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+    return out
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def worker_rss(worker: WorkerProcess | None) -> tuple[float | None, float | None]:
+    """(main process, largest other process) resident memory of a worker subprocess."""
+    if worker is None or worker.proc is None or not isinstance(worker, WorkerProcess):
+        return None, None
+    root, *others = process_tree(worker.proc.pid)
+    children = [r for r in map(rss_mib, others) if r is not None]
+    return rss_mib(root), max(children, default=None)
+
+
 def percentile(samples: list[float], pct: int) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
-    n, timeout = opts.n, opts.timeout
+    n, timeout = opts.n * system.scale, opts.timeout
     system.setup(workdir)
     if system.io:
         client = io_counter()
@@ -950,6 +1002,7 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
         started = system.start_worker(time.monotonic() + timeout)
         succeeded = system.wait_results(timeout)
         finished = time.time()
+        rss = worker_rss(getattr(system, "worker", None))
         if succeeded < n:
             raise BenchError(f"{n - succeeded} of {n} results missing or not SUCCESS after "
                              f"{timeout:.0f}s; {system.diagnostics()}")
@@ -962,12 +1015,57 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
             except Exception as exc:
                 raise BenchError(f"round trip failed: {type(exc).__name__}: {exc}") from exc
             p50, p99 = percentile(samples, 50), percentile(samples, 99)
-        return Run(enqueue_rate, bulk, started - asked, n / (finished - started), p50, p99)
+        return Run(enqueue_rate, bulk, started - asked, n / (finished - started), p50, p99,
+                   *rss)
     finally:
         try:
             system.stop_worker()
         finally:
             system.teardown()
+
+
+SOAK_GROWTH_MIB = 5.0
+"""A worker's processes may grow by less than this over the soak, after its first tenth."""
+
+
+def memory_soak(n: int, root: Path, timeout: float) -> str:
+    """One celeriac Redis worker (prefork x2) drains ``n`` no-op tasks with results; its
+    processes' resident memory is read once a tenth is done and at the end. Growth after
+    the first tenth (imports, caches and buffers warmed up) would be a leak."""
+    system = CeleriacProcess("redis-soak", "redis", "prefork", 2)
+    workdir = root / "soak"
+    workdir.mkdir()
+    system.setup(workdir)
+    try:
+        ids = [r.id for r in system.noop.delay_many([()] * n, chunk_size=1000)]
+        started = system.start_worker(time.monotonic() + timeout)
+        samples: list[tuple[str, list[float | None]]] = []
+        for mark in (n // 10, n):
+            # Tasks run about in the order sent: the mark-th result stands for the first
+            # mark (in slices, to notice a worker that died).
+            deadline = time.monotonic() + timeout * 10
+            while not system.app.backend.wait_for([ids[mark - 1]], 1.0):
+                if time.monotonic() > deadline:
+                    raise BenchError(f"soak: task {mark:,} of {n:,} not done in time")
+                assert system.worker is not None
+                system.worker.check_alive("mid-soak")
+            assert system.worker is not None and system.worker.proc is not None
+            samples.append((f"{mark:,}", [rss_mib(p) for p in
+                                          process_tree(system.worker.proc.pid)]))
+        elapsed = time.time() - started
+    finally:
+        system.stop_worker()
+        system.teardown()
+    (first_at, first), (last_at, last) = samples
+    growth = [b - a for a, b in zip(first, last, strict=False) if a is not None and b is not None]
+    worst = max(growth, default=0.0)
+    verdict = "[green]yes[/]" if worst < SOAK_GROWTH_MIB else "[red]no[/]"
+    shown = "; ".join(f"{name} {a:.1f} -> {b:.1f} MiB" for name, a, b in zip(
+        ["main", *(f"child {i}" for i in range(1, len(first)))], first, last, strict=False)
+        if a is not None and b is not None)
+    return (f"memory soak: {n:,} tasks in {elapsed:.0f}s on one worker (prefork x2); "
+            f"resident memory at {first_at} -> at {last_at} tasks: {shown}; largest growth "
+            f"{worst:+.1f} MiB (target < {SOAK_GROWTH_MIB:g} MiB: {verdict})")
 
 
 def bench(systems: list[System], opts: argparse.Namespace, root: Path) -> list[Outcome]:
@@ -1034,6 +1132,7 @@ def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
     if opts.latency:
         columns += [("round trip\np50\nms", "right"), ("round trip\np99\nms", "right")]
     columns.append(("worker\nstartup\nms", "right"))
+    columns.append(("worker RSS\nmain / child\nMiB", "right"))
     for title, justify in columns:
         table.add_column(title, justify=justify)
     for o in outcomes:
@@ -1048,6 +1147,10 @@ def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
                 cols += [cell([ms(r.p50) for r in o.runs], ".2f"),
                          cell([ms(r.p99) for r in o.runs], ".2f")]
             cols.append(cell([r.startup * 1000 for r in o.runs], ",.0f"))
+            parent = o.median(lambda r: r.rss_parent)
+            child = o.median(lambda r: r.rss_child)
+            cols.append("-" if parent is None else
+                        f"{parent:.0f} / {child:.0f}" if child is not None else f"{parent:.0f}")
         table.add_row(o.system.name + (" [red](incomplete)[/]" if o.error and o.runs else ""),
                       *cols)
     return table
@@ -1205,6 +1308,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="untimed round trips before those (default 10)")
     parser.add_argument("--no-pool-overhead", dest="pool_overhead", action="store_false",
                         help="skip the prefork pool overhead measurement")
+    parser.add_argument("--soak", type=int, default=100_000,
+                        help="tasks of the memory soak: one celeriac worker drains them and "
+                             "its memory is read as it goes; 0 skips it (default 100000)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="deadline in seconds for each wait (default 60)")
     parser.add_argument("--lock-timeout", type=float, default=600.0,
@@ -1233,6 +1339,7 @@ def main(argv: list[str] | None = None) -> int:
                 outcomes = bench([SYSTEMS[name]() for name in names], opts, Path(tmp))
                 overhead = pool_overhead.measure(runs=min(opts.runs, 3)) \
                     if opts.pool_overhead else None
+                soak = memory_soak(opts.soak, Path(tmp), opts.timeout) if opts.soak else None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; workers and drivers stopped[/]")
             return 130
@@ -1261,6 +1368,8 @@ def main(argv: list[str] | None = None) -> int:
             f"prefork pool overhead per task: {overhead['pool_us']:.1f} us; raw pipe round "
             f"trip between two Python processes: {overhead['raw_us']:.1f} us; ratio "
             f"{overhead['ratio']:.2f}x (target <= 3x)")
+    if soak:
+        console.print(soak)
     console.print(f"[dim]total {time.monotonic() - began:.0f}s[/]")
     return 1 if any(o.error for o in outcomes) else 0
 
