@@ -26,6 +26,7 @@ from ..errors import ConfigurationError, MessageTooLarge
 from ..protocol import Delivery, Message
 
 if TYPE_CHECKING:
+    from ..backends.base import ResultBackend, Stored
     from ..settings import Settings
 
 
@@ -96,6 +97,32 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a message to the dead-letter store with the reason."""
+
+    # -- the worker's hot path: one broker call per turn of the consumer's pump ----------
+    def results_namespace(self, backend: ResultBackend) -> str | None:
+        """Where ``exchange`` can store ``backend``'s results in the same broker call (the
+        backend keeps them on this broker's server); None: the caller stores them."""
+        return None
+
+    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+                       results_namespace: str | None, queues: Sequence[str], limit: int
+                       ) -> list[Delivery]:
+        """Store ``results`` (only given with a ``results_namespace``), ack ``acks``, then
+        fetch up to ``limit`` messages from ``queues`` without waiting: one broker call
+        where the broker has one (Redis). The default acks, then fetches."""
+        if results:
+            raise ValueError(f"{type(self).__name__} cannot store results itself")
+        if acks:
+            await self.ack(acks)
+        return await self.fetch(queues, limit, 0.0) if limit > 0 else []
+
+    async def wait_ready(self, queues: Sequence[str], limit: int, timeout: float
+                         ) -> list[Delivery] | None:
+        """After an ``exchange`` fetched fewer than it asked for: wait up to ``timeout``
+        seconds for messages. Returns what it fetched meanwhile, or None when it only
+        waited (something may be ready: the next ``exchange`` fetches it). The default
+        is a blocking fetch."""
+        return await self.fetch(queues, limit, timeout)
 
     @abc.abstractmethod
     async def heartbeat(self) -> int:

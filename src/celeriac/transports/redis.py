@@ -196,16 +196,20 @@ class RedisTransport(Transport):
             self._next_due = int(reply[0])
         return self._deliveries(reply)
 
-    async def wait_ready(self, timeout: float) -> None:
+    async def wait_ready(self, queues: Sequence[str], limit: int, timeout: float
+                         ) -> list[Delivery] | None:
         """Sleep until a message may be ready for the last ``exchange`` that came back
         short (a publish to its queues wakes us, or a delayed message comes due), or for
-        ``timeout`` seconds."""
+        ``timeout`` seconds. That exchange registered us as idle: only the wait is left,
+        and the next exchange fetches (no fetch queued on the connection ahead of the
+        exchanges that settle meanwhile)."""
         due = self._next_due
         if due == 0:
-            return  # more delayed messages are due than one fetch promotes
+            return None  # more delayed messages are due than one fetch promotes
         wait = timeout if due < 0 else min(timeout, due / 1000)
         # Whole milliseconds, rounded up (see fetch).
         await self._sleep(self._me(), max(math.ceil(wait * 1000), 1) / 1000)
+        return None
 
     async def _sleep(self, me: str, seconds: float) -> None:
         """Until a token arrives on our wake list, or ``seconds`` pass."""

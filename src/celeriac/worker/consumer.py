@@ -17,6 +17,7 @@ Ordering: a result is stored before, or in the same script as, its message's ack
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections import deque
@@ -42,6 +43,10 @@ logger = logging.getLogger("celeriac.worker.consumer")
 
 FETCH_TIMEOUT = 1.0
 """Longest wait of one blocking fetch; the sleeper then asks again."""
+LINGER = 0.002
+"""Seconds a busy worker may hold finished tasks' results and acks to batch them."""
+LINGER_BATCH = 64
+"""...unless this many are waiting."""
 REDELIVERY_DELAY_CAP = 60.0
 """Seconds: the longest wait of a lost message before its next delivery."""
 
@@ -82,12 +87,9 @@ class Consumer:
         """The last fetch came back short: the next one waits in the broker (sleeper)."""
         self._closing = False
         self._failures = 0
+        self._lingering: float | None = None
+        """When the pump began holding what is waiting to be settled (``_linger``)."""
         self._executor: ThreadPoolExecutor | None = None
-        # The transport's combined call (Redis), where it can store results, and its wait
-        # for a queue that an exchange found empty, if it has them.
-        self._combined = getattr(transport, "exchange", None)
-        self._colocated = getattr(transport, "results_namespace", None)
-        self._wait_ready = getattr(transport, "wait_ready", None)
         self.admission = Admission(self.app)
         self.processed = 0
 
@@ -198,6 +200,9 @@ class Consumer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if not limit and await self._linger(len(acks) + len(results)):
+                continue
+            self._lingering = None
             self._acks, self._results, self._after, self._finals = [], [], [], []
             self._quiet.clear()
             try:
@@ -227,23 +232,38 @@ class Consumer:
             if batch:
                 self._ingest(batch)
 
+    async def _linger(self, pending: int) -> bool:
+        """Wait a moment for more to settle, when more is about to finish: True if it
+        waited (the caller looks again). Without it, a busy worker settled about two
+        tasks per broker call (each call a script run and a loopback round trip); with
+        it, batches grow with the load. A lone task is settled at once: nothing else
+        is running, so nothing is worth waiting for."""
+        if self._closing or pending >= LINGER_BATCH:
+            return False
+        in_pool = len(self.deliveries) - len(self.reserved)
+        if in_pool <= 0:
+            return False
+        now = self.loop.time()
+        if self._lingering is None:
+            self._lingering = now
+        remaining = self._lingering + LINGER - now
+        if remaining <= 0:
+            return False
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(remaining):
+                await self._wake.wait()
+        return True
+
     async def _exchange(self, acks: list[Delivery], results: list[Stored], limit: int
                         ) -> list[Delivery]:
-        combined = self._combined
-        namespace = None
-        if results and self._colocated is not None:
-            namespace = self._colocated(self.app.backend)
+        namespace = self.transport.results_namespace(self.app.backend) if results else None
         if results and namespace is None:
             await self._store(results)
             results = []
-        if combined is not None:
-            if not (acks or results or limit):
-                return []
-            batch: list[Delivery] = await combined(acks, results, namespace, self.queues, limit)
-            return batch
-        if acks:
-            await self.transport.ack(acks)
-        return await self.transport.fetch(self.queues, limit, 0.0) if limit else []
+        if not (acks or results or limit):
+            return []
+        return await self.transport.exchange(acks, results, namespace, self.queues, limit)
 
     async def _store(self, results: list[Stored]) -> None:
         backend = self.app.backend
@@ -268,15 +288,7 @@ class Consumer:
         """Wait in the broker for messages (the queues were empty when last fetched)."""
         try:
             try:
-                if self._combined is not None and self._wait_ready is not None:
-                    # The exchange that came back short registered us as idle: only the
-                    # wait is left, and the next exchange fetches (no fetch queued on
-                    # the connection ahead of the exchanges that settle meanwhile).
-                    await self._wait_ready(FETCH_TIMEOUT)
-                    batch: list[Delivery] = []
-                    limit = 0
-                else:
-                    batch = await self.transport.fetch(self.queues, limit, FETCH_TIMEOUT)
+                got = await self.transport.wait_ready(self.queues, limit, FETCH_TIMEOUT)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -284,7 +296,9 @@ class Consumer:
                 await self._failed("fetching from the broker", exc)
                 return
             self._restored()
-            self._drained = len(batch) < limit
+            # None: it only waited; the next exchange fetches what woke it.
+            batch = got or []
+            self._drained = got is not None and len(batch) < limit
             if batch:
                 self._ingest(batch)
         finally:

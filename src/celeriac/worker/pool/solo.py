@@ -57,7 +57,10 @@ class SoloPool(Pool):
                 logger.exception("Task %s[%s] crashed the executor", job.headers.get("task"),
                                  job.headers.get("id"))
                 outcome = Outcome("requeue", reason=repr(exc))
-            self._loop.call_soon_threadsafe(self._done, job, outcome)
+            try:
+                self._loop.call_soon_threadsafe(self._done, job, outcome)
+            except RuntimeError:  # the loop is closed: the worker is gone (terminated)
+                return
 
     def _done(self, job: Job, outcome: Outcome) -> None:
         if self._terminated:
