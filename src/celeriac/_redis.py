@@ -40,6 +40,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
+from ._net import backoff, mask_password
 from ._resp import AsyncLane, SyncLane, lane_params, sha1
 from .errors import BrokerUnavailable, ConfigurationError, OperationalError
 
@@ -83,25 +84,6 @@ def parse_url(url: str) -> Endpoint:
     secrets = tuple({t for s in raw if s for t in (s, unquote(s))})
     return Endpoint(urlunsplit(parts._replace(query=rest)), mask_password(url), namespace,
                     secrets)
-
-
-def mask_password(url: str) -> str:
-    """``url`` with its password (in the user info or a ``password=`` parameter) as ***."""
-    parts = urlsplit(url.strip())
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, host = netloc.rsplit("@", 1)
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if any(k == "password" for k, _ in query):
-        masked = urlencode([(k, "***" if k == "password" else v) for k, v in query], safe="*")
-        return urlunsplit(parts._replace(netloc=netloc, query=masked))
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
-    """Exponential backoff with full jitter, so that many producers do not retry in step."""
-    return random.uniform(0, min(cap, base * 2 ** min(attempt, 16))) + 0.05
 
 
 @functools.cache

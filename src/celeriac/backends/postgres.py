@@ -42,6 +42,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
+from .._net import mask_password
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
 from .base import ResultBackend, Stored
 
@@ -63,17 +64,8 @@ REAP_EVERY = 10.0
 MAX_PAYLOAD = 7999  # NOTIFY's payload limit is 8000 bytes; the payload is informative only
 
 
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    parts = urlsplit(url)
-    netloc, query = parts.netloc, parts.query
-    if parts.password is not None:
-        userinfo, _, hostport = netloc.rpartition("@")
-        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if any(k == "password" for k, _ in pairs):
-        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+mask_url = mask_password
+"""``url`` with any password replaced by ``***`` (for messages and logs)."""
 
 
 def _reason(exc: BaseException) -> str:

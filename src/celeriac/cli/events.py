@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 import click
 from rich.console import Console, Group, RenderableType
@@ -19,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .._net import mask_password
 from ..app import Celeriac
 from ..events import ClusterState, Event, EventReceiver, JSONLinesCamera
 from ..events.cameras import Camera, load_camera
@@ -110,7 +110,7 @@ class Watch:
         receiver = EventReceiver(self.app, {"*": handle})
         async with receiver:
             if announce:  # tests and scripts wait for this line before they send
-                where = _masked(self.app.settings.broker_url)
+                where = mask_password(self.app.settings.broker_url.split(";")[0])
                 click.echo(f"celeriac events: listening on {where}", err=True)
             capture = asyncio.create_task(receiver.acapture(self.limit, self.timeout))
             stopped = asyncio.create_task(self.stop.wait())
@@ -233,11 +233,3 @@ def render(state: ClusterState, height: int) -> RenderableType:
         tasks.add_row(t.uuid, t.name or "?", Text(t.state, STATE_STYLE.get(t.state, "")),
                       t.worker or "-", f"{t.runtime:.3f}s" if t.runtime is not None else "")
     return Group(head, workers, tasks)
-
-
-def _masked(url: str) -> str:
-    first = url.split(";")[0]
-    parts = urlsplit(first)
-    if parts.password:
-        return first.replace(f":{parts.password}@", ":***@", 1)
-    return first

@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import DeliveredMessage
 
+from .._net import backoff
 from ..errors import BrokerUnavailable
 from ..protocol import Delivery
 from . import amqp_wire as wire
@@ -164,7 +165,7 @@ class AMQPTransport(Transport):
                 if not self.settings.broker_connection_retry or (
                         limit is not None and attempt > limit):
                     raise
-                delay = wire.backoff(attempt)
+                delay = backoff(attempt)
                 logger.warning("%s; retry %d in %.1fs", exc, attempt, delay)
                 await asyncio.sleep(delay)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pika
 import pika.exceptions
 
+from .._net import backoff
 from ..errors import BrokerUnavailable, OperationalError
 from . import amqp_wire as wire
 from .base import Outgoing
@@ -229,7 +230,7 @@ class SyncClient:
                     cls = BrokerUnavailable if isinstance(exc, _Unreachable) else OperationalError
                     raise cls(f"{what} failed on {where} after {attempt} attempt(s): "
                               f"{wire.describe(exc)}") from exc
-                delay = wire.backoff(attempt)
+                delay = backoff(attempt)
                 logger.warning("%s failed on %s (%s); retry %d in %.1fs", what, where,
                                wire.describe(exc), attempt, delay)
                 time.sleep(delay)

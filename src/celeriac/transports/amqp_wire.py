@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+from .._net import mask_password
 from ..errors import ConfigurationError, EncodeError
 from ..protocol import Message
 from .base import DeadLetter
@@ -350,20 +351,10 @@ def dead_letter(props: Any, body: bytes) -> DeadLetter:
                       float(dead_at) if isinstance(dead_at, (int, float)) else 0.0)
 
 
-def masked(url: str) -> str:
-    """``url`` with its password replaced, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc[-1]}"))
+masked = mask_password
+"""``url`` with its password masked, for messages and logs."""
 
 
 def describe(exc: BaseException) -> str:
     text = str(exc) or repr(exc)
     return f"{type(exc).__name__}: {text}"
-
-
-def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
-    """Exponential backoff with full jitter, so a fleet does not reconnect in lockstep."""
-    return random.uniform(0, min(cap, base * 2 ** min(attempt, 16))) + 0.05

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections import deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import states
+from .._net import backoff
 from ..errors import BrokerError, CeleriacError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
 from .admission import Admission, Refusal, result_id
@@ -49,11 +49,6 @@ LINGER_BATCH = 64
 """...unless this many are waiting."""
 REDELIVERY_DELAY_CAP = 60.0
 """Seconds: the longest wait of a lost message before its next delivery."""
-
-
-def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**attempt))."""
-    return random.uniform(0, min(cap, base * 2 ** min(attempt, 16))) + 0.05
 
 
 class Consumer:
