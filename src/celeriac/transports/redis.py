@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .._redis import Connector
-from ..backends.redis import RedisBackend, encode_value, expiry_ms
+from ..backends.redis import FEED_LENGTH, RedisBackend, encode_value, expiry_ms
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import DeadLetter, Outgoing, Subscription, Transport
@@ -170,7 +170,7 @@ class RedisTransport(Transport):
         if results and results_namespace is None:
             raise ValueError("exchange: results need the result backend's namespace")
         args: list[Any] = [me, self._lease_ms(), limit if names else 0,
-                           results_namespace or "", len(results), len(batch)]
+                           results_namespace or "", len(results), len(batch), FEED_LENGTH]
         now = time.time()
         for task_id, content_type, data, expires_at in results:
             args += [task_id, encode_value(content_type, data),

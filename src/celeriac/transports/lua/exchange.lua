@@ -3,17 +3,17 @@
 -- (fetch_ready in common.lua). Results go first: in one script, no ack is ever visible
 -- without its result.
 -- ARGV[2] consumer, [3] lease in ms, [4] limit (0: fetch nothing), [5] the result
--- backend's namespace, [6] result count, [7] ack count, then four per result (task id,
+-- backend's namespace, [6] result count, [7] ack count, [8] the change feed's length
+-- (backends/redis.py FEED_LENGTH, its one owner), then four per result (task id,
 -- value, expiry in ms from now or 0: never, expiry as unix seconds), then the ids to ack,
 -- then the queues (distinct). A fetch that finds fewer than `limit` registers the
 -- consumer as idle (fetch_ready): it waits on its wake list next. Returns as fetch.lua
 -- ({-1} when nothing was fetched).
 
--- The change feed's length (backends/redis.py FEED_LENGTH).
-local FEED_LENGTH = 100000
 local me, limit = ARGV[2], tonumber(ARGV[4])
 local nresults, nacks = tonumber(ARGV[6]), tonumber(ARGV[7])
-local a = 8
+local FEED_LENGTH = ARGV[8]
+local a = 9
 
 if nresults > 0 then
   -- Batched: one ZADD and one XADD for all the results (the feed entry lists their ids
