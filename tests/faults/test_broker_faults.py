@@ -133,14 +133,14 @@ def test_an_outage_is_two_lines_in_the_log_not_a_traceback_per_heartbeat(
     assert t.add.delay(1, 1).get(timeout=10) == 2
     own_redis.stop()  # type: ignore[attr-defined]
     # Down for several heartbeats (one every 0.25 s) and fetch retries.
-    w.wait_for_log(r"lease heartbeat failed", 10)
+    w.wait_for_log(r"lease renewal failed", 10)
     w.wait_for_log(r"retry 4 in", 30)
     own_redis.start()  # type: ignore[attr-defined]
     assert t.add.delay(2, 2).get(timeout=30) == 4
-    w.wait_for_log(r"lease heartbeat works again after \d+\.\ds", 10)
+    w.wait_for_log(r"lease renewal works again after \d+\.\ds", 10)
     log = w.log
-    assert log.count("lease heartbeat failed") == 1, log
-    assert log.count("lease heartbeat works again") == 1, log
+    assert log.count("lease renewal failed") == 1, log
+    assert log.count("lease renewal works again") == 1, log
     assert "timer callback" not in log and "Traceback" not in log, log
     assert w.proc is not None and w.proc.poll() is None
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
 from .execute import Job, Outcome
-from .gossip import EventsStep
+from .heart import EventsStep, Heart
 from .pool import POOLS
-from .steps import DEFAULT_STEPS
+from .steps import DEFAULT_STEPS, ConsumerStep
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -80,10 +80,11 @@ class Worker:
         self.events: EventDispatcher | None = None
         """Set by ``EventsStep`` while the worker runs, if it sends any events."""
         if steps is None:
-            # EventsStep first after the Timer: it is up before the consumer sends task
-            # events and, stopping in reverse, sends worker-offline after the pool is done.
+            # EventsStep and Heart first after the Timer: the dispatcher is up before the
+            # consumer sends task events and, stopping in reverse, Heart sends
+            # worker-offline after the pool is done.
             first, *rest = DEFAULT_STEPS
-            steps = (first, EventsStep, *rest, *((Autoscaler,) if autoscale else ()))
+            steps = (first, EventsStep, Heart, *rest, *((Autoscaler,) if autoscale else ()))
         self.blueprint = Blueprint(steps)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
@@ -94,12 +95,29 @@ class Worker:
         self._interrupts = 0
         self.exit_code = 0
         self.failure: str | None = None
+        self.processed = 0
+        """Tasks this worker has finished (its consumer counts them)."""
+        self._pool_started = False
 
     def __repr__(self) -> str:
         return f"<Worker {self.hostname} pool={self.pool_name}x{self.concurrency}>"
 
     def on_job_done(self, job: Job, outcome: Outcome) -> None:
         self.consumer.on_job_done(job, outcome)
+
+    def pool_started(self, pool: Pool) -> None:
+        self.pool = pool
+        self._pool_started = True
+
+    def active_tasks(self) -> int:
+        """Tasks in the pool now, running or queued (0 before it starts)."""
+        return len(self.pool.running()) if self._pool_started else 0
+
+    def flush_task_events(self) -> None:
+        """Send the consumer's pending task events now (before worker-offline)."""
+        consumer = self.steps.get(ConsumerStep)
+        if isinstance(consumer, ConsumerStep) and consumer.consumer.events is not None:
+            consumer.consumer.events.flush()
 
     # -- running ------------------------------------------------------------------------
     def run(self) -> int:

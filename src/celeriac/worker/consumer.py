@@ -86,7 +86,6 @@ class Consumer:
         """When the pump began holding what is waiting to be settled (``_linger``)."""
         self._executor: ThreadPoolExecutor | None = None
         self.admission = Admission(self.app)
-        self.processed = 0
 
     @property
     def prefetch_limit(self) -> int:
@@ -412,7 +411,7 @@ class Consumer:
 
     # -- completion ---------------------------------------------------------------------
     def on_job_done(self, job: Job, outcome: Outcome) -> None:
-        self.processed += 1
+        self.worker.processed += 1
         delivery = self.deliveries.pop(job.seq, None)
         if outcome.stored is not None:
             self._results.append(outcome.stored)

@@ -32,7 +32,7 @@ class PoolStep(Step):
         self.pool: Pool = cls(w.app, w.concurrency, w.on_job_done)
         self.pool.on_fatal = w.fail
         self.pool.task_events = w.task_events
-        w.pool = self.pool
+        w.pool_started(self.pool)
         # Forks wait for the events thread to leave its broker client (events/forking.py):
         # a child never inherits a C library's mutex held by that thread.
         await self.pool.start()
@@ -56,16 +56,16 @@ class ConsumerStep(Step):
         await self.transport.connect(w.id)
         self.consumer = Consumer(w, self.transport, w.pool)
         w.consumer = self.consumer
-        # The lease heartbeat belongs to this step, not to one stopped before it: it must
+        # The lease renewal belongs to this step, not to one stopped before it: it must
         # go on while a warm shutdown waits for running tasks, or a task running longer
         # than the lease would be handed to another worker.
         lease = w.app.settings.worker_lease_timeout
         self.outage: float | None = None
-        """When the lease heartbeat started failing (monotonic), while it fails."""
-        self.beat = w.timer.call_repeatedly(max(lease / 4, 0.05), self._heartbeat)
+        """When lease renewal started failing (monotonic), while it fails."""
+        self.lease = w.timer.call_repeatedly(max(lease / 4, 0.05), self._renew_lease)
         self.consumer.start()
 
-    async def _heartbeat(self) -> None:
+    async def _renew_lease(self) -> None:
         try:
             await self.transport.heartbeat()
         except (BrokerError, ConnectionError, TimeoutError, OSError) as exc:
@@ -73,11 +73,11 @@ class ConsumerStep(Step):
             # every tick (the fetch loop reports its own retries meanwhile).
             if self.outage is None:
                 self.outage = time.monotonic()
-                logger.warning("lease heartbeat failed (%s: %s); retrying quietly until "
+                logger.warning("lease renewal failed (%s: %s); retrying quietly until "
                                "the broker answers", type(exc).__name__, exc)
             return
         if self.outage is not None:
-            logger.warning("lease heartbeat works again after %.1fs",
+            logger.warning("lease renewal works again after %.1fs",
                            time.monotonic() - self.outage)
             self.outage = None
 
@@ -92,7 +92,7 @@ class ConsumerStep(Step):
         await c.worker.pool.join()
         await c.flush()
         await self.transport.disconnect()
-        self.beat.cancel()
+        self.lease.cancel()
 
     async def terminate(self) -> None:
         c = self.consumer
@@ -106,11 +106,11 @@ class ConsumerStep(Step):
         await c.flush()
         # disconnect() returns every message this worker still owns, running ones too.
         await self.transport.disconnect()
-        self.beat.cancel()
+        self.lease.cancel()
 
 
-class HeartStep(Step):
-    """Periodic upkeep: expired results. (The lease heartbeat lives in ConsumerStep.)"""
+class ResultsCleanup(Step):
+    """Deletes expired results now and then (``result_expires``)."""
 
     requires = (ConsumerStep,)
 
@@ -132,4 +132,4 @@ class HeartStep(Step):
             self.cleanup.cancel()
 
 
-DEFAULT_STEPS: tuple[type[Step], ...] = (TimerStep, PoolStep, ConsumerStep, HeartStep)
+DEFAULT_STEPS: tuple[type[Step], ...] = (TimerStep, PoolStep, ConsumerStep, ResultsCleanup)

@@ -2,9 +2,9 @@
 
 A frame is ``!IB`` (payload length, kind) followed by the payload. Job frames carry
 the task's body bytes untouched after a small JSON header, so the parent never decodes
-or re-encodes a task body (DESIGN #5). The parent's ends are non-blocking and live on the
-event loop (``FrameWriter`` keeps an outbound buffer and waits with ``add_writer`` when
-a pipe is full); the child's ends are blocking.
+or re-encodes a task body (docs/architecture.md, decision 3). The parent's ends are
+non-blocking and live on the event loop (``FrameWriter`` keeps an outbound buffer and
+waits with ``add_writer`` when a pipe is full); the child's ends are blocking.
 
 Every task crosses these pipes twice, so the per-frame work is kept small: headers are
 JSON arrays rather than objects (orjson decodes an array of six values in less than half
