@@ -2,7 +2,7 @@
 
 Each test drives a pool directly on an event loop, as the consumer does: jobs are
 submitted while ``free_slots() + queue_slots() > 0``, outcomes come back through
-``on_done``, jobs handed back through ``on_returned`` go first in line again. Prefork
+``on_job_done``, jobs handed back through ``on_job_returned`` go first in line again. Prefork
 runs real children; solo runs its executor thread.
 """
 
@@ -54,17 +54,21 @@ class Consumer:
         self.started: list[int] = []
         self.stopping = False
         self.seq = 0
-        self.pool: Pool = POOLS[name](app, concurrency, self.on_done)
-        self.pool.on_ready = self.dispatch
-        self.pool.on_returned = self.returned
-        self.pool.on_started = lambda job: self.started.append(job.seq)
+        self.pool: Pool = POOLS[name](app, concurrency)
+        self.pool.attach(self)
 
-    def on_done(self, job: Job, outcome: Outcome) -> None:
+    def on_job_done(self, job: Job, outcome: Outcome) -> None:
         self.done[job.seq] = outcome
         self.order.append(job.seq)
         self.dispatch()
 
-    def returned(self, job: Job) -> None:
+    def on_slot(self) -> None:
+        self.dispatch()
+
+    def on_job_started(self, job: Job) -> None:
+        self.started.append(job.seq)
+
+    def on_job_returned(self, job: Job) -> None:
         self.reserved.appendleft(job)
         self.dispatch()
 

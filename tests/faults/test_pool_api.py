@@ -38,7 +38,8 @@ def test_grow_and_shrink() -> None:
     done: list[tuple[Job, Outcome]] = []
 
     async def main() -> None:
-        pool = PreforkPool(app, 1, lambda job, outcome: done.append((job, outcome)))
+        pool = PreforkPool(app, 1)
+        pool.on_done = lambda job, outcome: done.append((job, outcome))
         await pool.start()
         await wait_for(lambda: pool.free_slots() == 1)
         pool.grow(2)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
-from .execute import Job, Outcome
 from .heart import EventsStep, Heart
 from .pool import POOLS
 from .steps import DEFAULT_STEPS, ConsumerStep
@@ -101,9 +100,6 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<Worker {self.hostname} pool={self.pool_name}x{self.concurrency}>"
-
-    def on_job_done(self, job: Job, outcome: Outcome) -> None:
-        self.consumer.on_job_done(job, outcome)
 
     def pool_started(self, pool: Pool) -> None:
         self.pool = pool

@@ -94,10 +94,7 @@ class Consumer:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        self.pool.on_ready = self._dispatch
-        self.pool.on_returned = self._returned
-        if self.events is not None:
-            self.pool.on_started = self._started
+        self.pool.attach(self)
         self.loop = asyncio.get_running_loop()
         if self.events is not None:
             self.events.loop = self.loop
@@ -399,11 +396,14 @@ class Consumer:
                             "to the pool", exc)
                 return
 
-    def _started(self, job: Job) -> None:
-        assert self.events is not None
-        self.events.started(job.headers["id"])
+    def on_slot(self) -> None:
+        self._dispatch()
 
-    def _returned(self, job: Job) -> None:
+    def on_job_started(self, job: Job) -> None:
+        if self.events is not None:
+            self.events.started(job.headers["id"])
+
+    def on_job_returned(self, job: Job) -> None:
         """A job the pool took and never started: first in line again."""
         self.reserved.appendleft(job)
         if self._fetching:  # a warm stop gives it back with the other reserved ones

@@ -29,8 +29,7 @@ class PoolStep(Step):
     async def start(self) -> None:
         w = self.worker
         cls = POOLS[w.pool_name]
-        self.pool: Pool = cls(w.app, w.concurrency, w.on_job_done)
-        self.pool.on_fatal = w.fail
+        self.pool: Pool = cls(w.app, w.concurrency, timer=w.timer, on_fatal=w.fail)
         self.pool.task_events = w.task_events
         w.pool_started(self.pool)
         # Forks wait for the events thread to leave its broker client (events/forking.py):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..execute import Job, Outcome
+from ..timer import Timer
 
 if TYPE_CHECKING:
     from ...app import Celeriac
@@ -21,24 +22,46 @@ if TYPE_CHECKING:
 OnDone = Callable[[Job, Outcome], None]
 
 
+class PoolClient(Protocol):
+    """Where a pool reports: the consumer."""
+
+    def on_job_done(self, job: Job, outcome: Outcome) -> None: ...
+    def on_slot(self) -> None: ...
+    def on_job_started(self, job: Job) -> None: ...
+    def on_job_returned(self, job: Job) -> None: ...
+
+
 class Pool(abc.ABC):
-    def __init__(self, app: Celeriac, concurrency: int, on_done: OnDone) -> None:
+    def __init__(self, app: Celeriac, concurrency: int, *, timer: Timer | None = None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
         self.app = app
         self.concurrency = concurrency
-        self.on_done = on_done
+        self.timer = timer
+        """The worker's Timer (time limits, the supervisor's tick); a pool made without
+        one makes its own when it starts."""
+        self.on_done: OnDone = lambda job, outcome: None
+        """Called with each job and its outcome, on the event loop."""
         self.on_ready: Callable[[], None] = lambda: None
         """Called when a slot may have opened outside ``on_done`` (a child came up)."""
         self.on_started: Callable[[Job], None] = lambda job: None
         """Called when a job starts running (task events)."""
         self.on_returned: Callable[[Job], None] = lambda job: None
         """Called with a job the pool took but never started and cannot start now."""
-        self.on_fatal: Callable[[str], None] = lambda reason: None
+        self.on_fatal: Callable[[str], None] = on_fatal or (lambda reason: None)
         """Called when the pool cannot go on (a restart storm); the worker stops."""
         self.task_events = False
         """Set before ``start``: outcomes carry what task events show (result and
         exception reprs, tracebacks); off, the executing processes skip that work."""
+
+    def attach(self, client: PoolClient) -> None:
+        """Report to ``client`` (the consumer): every callback but ``on_fatal`` is set
+        here, in one place."""
+        self.on_done = client.on_job_done
+        self.on_ready = client.on_slot
+        self.on_started = client.on_job_started
+        self.on_returned = client.on_job_returned
 
     @abc.abstractmethod
     async def start(self) -> None: ...

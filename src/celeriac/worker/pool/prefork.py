@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ... import states
@@ -33,7 +34,7 @@ from ..execute import Job, Outcome, Shown, exception_repr
 from ..timer import Timer
 from . import child as child_main
 from . import pipes
-from .base import OnDone, Pool
+from .base import Pool
 from .children import ChildProc, fork_child
 from .supervisor import Supervisor, describe_status
 
@@ -44,8 +45,9 @@ logger = logging.getLogger("celeriac.worker.pool.prefork")
 
 
 class PreforkPool(Pool):
-    def __init__(self, app: Celeriac, concurrency: int, on_done: OnDone) -> None:
-        super().__init__(app, concurrency, on_done)
+    def __init__(self, app: Celeriac, concurrency: int, *, timer: Timer | None = None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        super().__init__(app, concurrency, timer=timer, on_fatal=on_fatal)
         s = app.settings
         self.max_tasks_per_child = s.worker_max_tasks_per_child
         self.max_memory_per_child = s.worker_max_memory_per_child
@@ -68,7 +70,7 @@ class PreforkPool(Pool):
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.timer = Timer(self.loop)
+        self.clock: Timer = self.timer or Timer(self.loop)
         self.supervisor = Supervisor(self)
         for _ in range(self.concurrency):
             self.spawn()
@@ -162,7 +164,7 @@ class PreforkPool(Pool):
         proc.job = job
         proc.started = self.loop.time()
         if hard:
-            proc.hard_limit = self.timer.call_after(hard, self._hard_limit, proc, job, hard)
+            proc.hard_limit = self.clock.call_after(hard, self._hard_limit, proc, job, hard)
         self.on_started(job)
 
     def _limits(self, job: Job) -> tuple[float | None, float | None]:

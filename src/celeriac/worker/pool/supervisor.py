@@ -59,7 +59,7 @@ class Supervisor:
             self._sigchld = True
         except (RuntimeError, ValueError):
             pass  # not the main thread: the tick and pipe EOFs still catch every exit
-        self.tick_entry = self.pool.timer.call_repeatedly(TICK, self.tick)
+        self.tick_entry = self.pool.clock.call_repeatedly(TICK, self.tick)
 
     def stop(self) -> None:
         self.tick_entry.cancel()
