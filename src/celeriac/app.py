@@ -18,7 +18,7 @@ from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
 from .settings import Settings
 from .tasks import Task, TaskOptions, args_repr
-from .transports.base import Outgoing, Transport, create_transport
+from .transports.base import Outgoing, Publisher, Transport, create_transport
 
 if TYPE_CHECKING:
     from .events import EventDispatcher
@@ -59,6 +59,8 @@ class Celeriac:
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.hooks = HookRunner()
         self._transport: Transport | None = None
+        self._relay: Publisher | None = None
+        """In a pool child whose broker lives in the worker's memory: where it publishes."""
         self._backend: ResultBackend | None = None
         self._events: EventDispatcher | None = None
         self._pid = os.getpid()
@@ -86,6 +88,13 @@ class Celeriac:
         return self._transport
 
     @property
+    def publisher(self) -> Publisher:
+        """Where ``send_task`` publishes: the transport, or a pool child's relay."""
+        if self._relay is not None and self._pid == os.getpid():
+            return self._relay
+        return self.transport
+
+    @property
     def backend(self) -> ResultBackend:
         if self._backend is None or self._pid != os.getpid():
             self._reset_after_fork()
@@ -105,7 +114,7 @@ class Celeriac:
     def _reset_after_fork(self) -> None:
         if self._pid != os.getpid():
             # The parent's connections belong to the parent: drop, never close, them.
-            self._transport = self._backend = self._events = None
+            self._transport = self._backend = self._events = self._relay = None
             self._pid = os.getpid()
 
     def close(self) -> None:
@@ -228,7 +237,7 @@ class Celeriac:
         )
         if self.hooks:
             self.hooks.call("before_publish", message, queue)
-        self.transport.publish(queue, message, delay=delay)
+        self.publisher.publish(queue, message, delay=delay)
         if self.hooks:
             self.hooks.call("after_publish", message, queue)
         if self.settings.task_send_sent_event:
@@ -276,7 +285,7 @@ class Celeriac:
         if self.hooks:
             for item in chunk:
                 self.hooks.call("before_publish", item.message, item.queue)
-        self.transport.publish_many(chunk)
+        self.publisher.publish_many(chunk)
         if self.hooks:
             for item in chunk:
                 self.hooks.call("after_publish", item.message, item.queue)

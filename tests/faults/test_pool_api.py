@@ -71,3 +71,26 @@ def test_memory_backend_results_are_relayed_through_the_parent() -> None:
     pids = asyncio.run(main())
     assert os.getpid() not in pids  # ran in the children
     assert 1 <= len(set(pids)) <= 2
+
+
+def test_a_retry_from_a_child_is_relayed_to_an_in_memory_broker() -> None:
+    """A pool child cannot reach a broker in the worker's memory: its app publishes
+    through the relay (a ``Publisher``), which the worker applies."""
+    app = make_app()
+
+    @app.task(name="twice", bind=True, max_retries=2)
+    def twice(self) -> int:  # type: ignore[no-untyped-def]
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return os.getpid()
+
+    async def main() -> int:
+        worker = app.worker(pool="prefork", concurrency=1, install_signal_handlers=False)
+        running = asyncio.ensure_future(worker.run_async())
+        result = app.send_task("twice")
+        await wait_for(result.ready)
+        worker.shutdown()
+        assert await asyncio.wait_for(running, 10) == 0
+        return int(result.get(timeout=1))
+
+    assert asyncio.run(main()) != os.getpid()

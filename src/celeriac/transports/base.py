@@ -47,15 +47,14 @@ class Outgoing:
     delay: float | None = None
 
 
-class Transport(abc.ABC):
-    scheme: ClassVar[str]
-    process_local: ClassVar[bool] = False
-    """True when the broker lives in one process's memory (pool children relay to it)."""
+class Publisher(abc.ABC):
+    """The producer's side of a broker: what ``send_task`` needs, and nothing else.
+    Every ``Transport`` is one; a pool child whose broker lives in the worker's memory
+    has only this (``worker/pool/child.py`` ``RelayPublisher``)."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
         self.settings = settings
-        self.consumer_id: str | None = None
 
     # -- producer side (synchronous, thread-safe) ---------------------------------------
     def publish(self, queue: str, message: Message, *, delay: float | None = None) -> None:
@@ -72,6 +71,22 @@ class Transport(abc.ABC):
                 f"message for task {message.headers.get('task')!r} is {size} bytes, over "
                 f"max_message_size={self.settings.max_message_size}; nothing was published"
             )
+
+    def close(self) -> None:
+        """Release connections held by this process."""
+
+
+class Transport(Publisher):
+    """A broker: publishing, consuming with leases, dead letters, administration and
+    broadcast. One module per broker; ``tests/contracts`` holds every one to this."""
+
+    scheme: ClassVar[str]
+    process_local: ClassVar[bool] = False
+    """True when the broker lives in one process's memory (pool children relay to it)."""
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        self.consumer_id: str | None = None
 
     # -- consumer side (the worker's event loop) ----------------------------------------
     async def connect(self, consumer_id: str) -> None:
@@ -173,9 +188,6 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def subscribe(self, channel: str) -> Subscription:
         """Start receiving what is broadcast on ``channel`` from now on."""
-
-    def close(self) -> None:
-        """Release connections held by this process."""
 
 
 class Subscription(abc.ABC):

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...backends.base import ResultBackend, Stored, backend_class
 from ...errors import SoftTimeLimitExceeded
-from ...protocol import Delivery, Message
-from ...transports.base import DeadLetter, Outgoing, Subscription, Transport, transport_class
+from ...protocol import Message
+from ...transports.base import Outgoing, Publisher, transport_class
 from ..execute import Result, execute_message
 from . import pipes
 from .channels import Inbox, Outbox
@@ -148,15 +148,13 @@ def _fresh_connections(app: Celeriac, outbox: Outbox) -> None:
     app._transport = app._backend = None
     app._pid = os.getpid()
     if transport_class(app.settings.broker_url).process_local:
-        app._transport = RelayTransport(app.settings.broker_url, app.settings, outbox)
+        app._relay = RelayPublisher(app.settings.broker_url, app.settings, outbox)
     if backend_class(app.settings.backend_url).process_local:
         app._backend = RelayBackend(app.settings.backend_url, app.settings, outbox)
 
 
-class RelayTransport(Transport):
+class RelayPublisher(Publisher):
     """In a child, publishes (task retries) to a broker that lives in the parent's memory."""
-
-    scheme = "relay"
 
     def __init__(self, url: str, settings: Any, outbox: Outbox) -> None:
         super().__init__(url, settings)
@@ -169,44 +167,6 @@ class RelayTransport(Transport):
                     "envelope": item.message.envelope().decode()}
             self.outbox.send(pipes.frame_with_blob(pipes.RELAY_PUBLISH, meta,
                                                    item.message.body))
-
-    async def fetch(self, queues: Sequence[str], limit: int, timeout: float
-                    ) -> list[Delivery]:
-        raise NotImplementedError("pool children do not consume")
-
-    async def ack(self, deliveries: Sequence[Delivery]) -> None:
-        raise NotImplementedError
-
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
-                      delay: float = 0.0) -> None:
-        raise NotImplementedError
-
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        raise NotImplementedError
-
-    async def heartbeat(self) -> int:
-        raise NotImplementedError
-
-    def queue_length(self, queue: str) -> int:
-        raise NotImplementedError
-
-    def purge(self, queue: str) -> int:
-        raise NotImplementedError
-
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        raise NotImplementedError
-
-    def requeue_dead(self, ids: Sequence[int | str]) -> int:
-        raise NotImplementedError
-
-    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
-        raise NotImplementedError
-
-    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
-        raise NotImplementedError("broadcast from the worker's main process")
-
-    async def subscribe(self, channel: str) -> Subscription:
-        raise NotImplementedError
 
 
 class RelayBackend(ResultBackend):
