@@ -118,7 +118,7 @@ def _drop_amqp_namespace(url: str) -> None:
     """Delete the durable queues and exchanges a contract test declared (idempotent)."""
     import pika
 
-    from celeriac.transports import amqp_wire
+    from celeriac.transports.amqp import wire as amqp_wire
 
     ns = _namespace(url)
     conn = pika.BlockingConnection(pika.URLParameters(url.partition("?")[0].rstrip("/") + "/%2F"))

@@ -25,8 +25,7 @@ from celeriac.errors import BrokerUnavailable, EncodeError, OperationalError
 from celeriac.protocol import Delivery, Message, task_headers, task_properties, validate_headers
 from celeriac.settings import Settings
 from celeriac.testing import wait_until
-from celeriac.transports import amqp_wire as wire
-from celeriac.transports.amqp import AMQPTransport
+from celeriac.transports.amqp import AMQPTransport, wire
 from celeriac.transports.base import Outgoing, create_transport
 from tests.services import require
 

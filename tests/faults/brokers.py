@@ -41,7 +41,7 @@ def drop_redis(ns: str) -> None:
 
 
 def drop_amqp(ns: str) -> None:
-    from celeriac.transports import amqp_wire
+    from celeriac.transports.amqp import wire as amqp_wire
 
     conn = pika.BlockingConnection(pika_parameters())
     try:

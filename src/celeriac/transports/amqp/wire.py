@@ -1,8 +1,8 @@
 """What both sides of the AMQP transport share: names, arguments, the wire form of a
 ``Message``, delivery counts, delay routing and broker URLs. No I/O here.
 
-The worker (``amqp.py``, ``amqp_async.py``, on aiormq) and the producers
-(``amqp_sync.py``, on pika) must agree on every name and argument below, or RabbitMQ
+The worker (``transport.py``, ``link.py``, on aiormq) and the producers
+(``client.py``, on pika) must agree on every name and argument below, or RabbitMQ
 refuses the second declaration of a queue (PRECONDITION_FAILED).
 """
 
@@ -18,13 +18,13 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from .._net import mask_password
-from ..errors import ConfigurationError, EncodeError
-from ..protocol import Message
-from .base import DeadLetter
+from ..._net import mask_password
+from ...errors import ConfigurationError, EncodeError
+from ...protocol import Message
+from ..base import DeadLetter
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...settings import Settings
 
 DELIVERIES = "x-celeriac-deliveries"
 """Deliveries already counted when this copy was published (absent: none)."""
@@ -270,7 +270,7 @@ def encode_properties(props: Mapping[str, Any]) -> bytes:
 
 
 def _utf8(text: str) -> bytes:
-    # surrogateescape first: lone surrogates from amqp_tolerant's decoding become the
+    # surrogateescape first: lone surrogates from tolerant.py's decoding become the
     # bytes they came from, so a dead letter is the message as it was published.
     try:
         return text.encode("utf-8", "surrogateescape")

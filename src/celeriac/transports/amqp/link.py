@@ -25,14 +25,13 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 from yarl import URL
 
-from ..errors import BrokerUnavailable, CeleriacError, OperationalError
-from ..protocol import DECODE_ERROR_HEADER, Message
-from . import amqp_tolerant
-from . import amqp_wire as wire
-from .base import DeadLetter, Subscription
+from ...errors import BrokerUnavailable, CeleriacError, OperationalError
+from ...protocol import DECODE_ERROR_HEADER, Message
+from ..base import DeadLetter, Subscription
+from . import tolerant, wire
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...settings import Settings
 
 logger = logging.getLogger("celeriac.transports.amqp")
 
@@ -41,11 +40,11 @@ _PER_CONSUMER_TIMEOUT = (3, 11, 15)
 _generations = itertools.count(1)
 _warned = False  # about x-consumer-timeout, once per process
 
-amqp_tolerant.install()  # one bad byte in a header must not crash-loop the connection
+tolerant.install()  # one bad byte in a header must not crash-loop the connection
 
 
 class Encoded(spec.Basic.Properties):
-    """Properties encoded by ``amqp_wire``: pamqp writes floats as 32-bit 'f' (lossy)."""
+    """Properties encoded by ``wire``: pamqp writes floats as 32-bit 'f' (lossy)."""
 
     def __init__(self, raw: bytes) -> None:
         super().__init__()

@@ -5,7 +5,7 @@ own connection (a ``_Link``), made on first use. A process forked with a link in
 the parent's socket: the child never uses it, never closes it (a Connection.Close on a
 shared socket would end the parent's connection) and connects anew.
 
-Dead letters are read through aiormq (``amqp_async.dead_letters``): pika's decoder turns
+Dead letters are read through aiormq (``link.dead_letters``): pika's decoder turns
 float header values into ints, which a dead letter requeued through it would keep.
 
 Every operation runs through ``SyncClient.call``: on a connection or channel failure it
@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pika
 import pika.exceptions
 
-from .._net import backoff
-from ..errors import BrokerUnavailable, OperationalError
-from . import amqp_wire as wire
-from .base import Outgoing
+from ..._net import backoff
+from ...errors import BrokerUnavailable, OperationalError
+from ..base import Outgoing
+from . import wire
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...settings import Settings
 
 logger = logging.getLogger("celeriac.transports.amqp")
 
@@ -77,7 +77,7 @@ _Send = tuple[str, str, bytes, bytes, bool]
 
 
 class _Encoded(pika.BasicProperties):  # type: ignore[misc]
-    """Properties encoded by ``amqp_wire`` (pika cannot put a float in a headers table)."""
+    """Properties encoded by ``wire`` (pika cannot put a float in a headers table)."""
 
     def __init__(self, raw: bytes) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ pamqp's own first and, only when it raises ``UnicodeDecodeError``, decode the sa
 with ``surrogateescape``: each bad byte becomes a lone surrogate (``\\udcff``), which no
 real text contains. The worker's header checks (``protocol.validate_headers`` and
 ``validate_properties``) refuse such text, so the message is dead-lettered with the
-reason, and ``amqp_wire`` encodes those surrogates back to the original bytes, so the
+reason, and ``wire`` encodes those surrogates back to the original bytes, so the
 dead letter is the message as it was published. Long strings need nothing: pamqp
 already returns their bytes when they are not UTF-8.
 """

@@ -1,6 +1,6 @@
 """RabbitMQ (``amqp://``, ``amqps://``). The worker side is here, on aiormq (aio-pika's
-engine, ``amqp_async.py``); producers and administration on pika (``amqp_sync.py``);
-names, arguments and the wire form in ``amqp_wire.py``.
+engine, ``link.py``); producers and administration on pika (``client.py``);
+names, arguments and the wire form in ``wire.py``.
 
 **Wire.** Celery's protocol v2 as it is, no envelope: ``Message.headers`` is the AMQP
 headers table (encoded as py-amqp does), content type/encoding, correlation id, reply-to
@@ -70,11 +70,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import DeliveredMessage
 
-from .._net import backoff
-from ..errors import BrokerUnavailable
-from ..protocol import Delivery
-from . import amqp_wire as wire
-from .amqp_async import (
+from ..._net import backoff
+from ...errors import BrokerUnavailable
+from ...protocol import Delivery
+from ..base import DeadLetter, Outgoing, Subscription, Transport
+from . import wire
+from .client import SyncClient
+from .link import (
     BROKEN,
     AMQPSubscription,
     Held,
@@ -83,11 +85,9 @@ from .amqp_async import (
     dead_letter_admin,
     process_name,
 )
-from .amqp_sync import SyncClient
-from .base import DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...settings import Settings
 
 logger = logging.getLogger("celeriac.transports.amqp")
 
