@@ -1,4 +1,4 @@
-"""The Redis hot paths: lanes (``celeriac._resp``) and the worker's exchange script.
+"""The Redis hot paths: lanes (``celeriac.redisclient.lanes``) and the worker's exchange script.
 
 A lane is a lean connection for scripts; the exchange stores results in the result
 backend's layout, acks and fetches in one round trip. Each test uses its own namespace on
@@ -16,9 +16,9 @@ import redis
 import uvloop
 
 from celeriac import states
-from celeriac._redis import Connector
-from celeriac._resp import AsyncLane, SyncLane, lane_params
 from celeriac.backends.redis import RedisBackend
+from celeriac.redisclient import Connector
+from celeriac.redisclient.lanes import AsyncLane, SyncLane, lane_params
 from celeriac.settings import Settings
 from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport

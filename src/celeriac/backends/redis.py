@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .._redis import Connector
+from ..redisclient import Connector
 from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:

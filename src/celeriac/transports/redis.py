@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .._redis import Connector
 from ..backends.redis import FEED_LENGTH, RedisBackend, encode_value, expiry_ms
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
+from ..redisclient import Connector
 from .base import DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:

@@ -40,12 +40,12 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
-from ._net import backoff, mask_password
-from ._resp import AsyncLane, SyncLane, lane_params, sha1
-from .errors import BrokerUnavailable, ConfigurationError, OperationalError
+from .._net import backoff, mask_password
+from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
+from .lanes import AsyncLane, SyncLane, lane_params, sha1
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from ..settings import Settings
 
 logger = logging.getLogger("celeriac.redis")
 
@@ -89,7 +89,7 @@ def parse_url(url: str) -> Endpoint:
 @functools.cache
 def script_source(name: str) -> str:
     """``lua/<name>.lua`` behind ``lua/common.lua`` (the key layout and shared helpers)."""
-    lua = resources.files("celeriac.transports").joinpath("lua")
+    lua = resources.files("celeriac.redisclient").joinpath("lua")
     return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
@@ -125,7 +125,7 @@ class Connector:
         self._aclient: tuple[int, asyncio.AbstractEventLoop, aredis.Redis,
                              dict[str, AsyncScript]] | None = None
         self._stale: list[aredis.Redis] = []
-        # Lanes (``_resp``): scripts bypass redis-py. Per thread (sync) and per event loop
+        # Lanes (``lanes.py``): scripts bypass redis-py. Per thread (sync) and per event loop
         # (async), for the current endpoint; None where only redis-py will do.
         self._params = [lane_params(e.url) for e in self.endpoints]
         self._lanes = threading.local()

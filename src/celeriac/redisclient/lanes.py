@@ -8,7 +8,7 @@ by hiredis, written to one socket, the reply parsed by hiredis. Everything else
 (BLPOP, pub/sub, administration) stays on redis-py.
 
 Lanes serve ``redis://`` and ``unix://`` URLs; ``rediss://`` keeps redis-py (TLS has too
-many options to copy). Failures raise redis-py's exception types, so ``_redis.Connector``
+many options to copy). Failures raise redis-py's exception types, so ``connector.Connector``
 retries and fails over alike: a lost or timed-out connection is ``redis.ConnectionError``
 or ``redis.TimeoutError`` and the lane is dropped; an error reply is
 ``redis.ResponseError`` (``NoScriptError``, ``ReadOnlyError`` where they apply).
