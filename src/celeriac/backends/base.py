@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
-from urllib.parse import urlsplit
 
 from .. import serialization, states
-from ..errors import ConfigurationError, DecodeError, EncodeError
+from .._schemes import SchemeRegistry
+from ..errors import DecodeError, EncodeError
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -230,64 +230,27 @@ DIRECT_READ = 64
 """``wait_for`` rereads up to this many pending ids after each wake rather than read the
 change feed first. ``_wait`` must then not wake again for what it has already seen."""
 
-def _memory() -> type[ResultBackend]:
-    from .memory import MemoryBackend
-
-    return MemoryBackend
-
-
-def _sqlite() -> type[ResultBackend]:
-    from .sqlite import SQLiteBackend
-
-    return SQLiteBackend
-
-
-def _redis() -> type[ResultBackend]:
-    from .redis import RedisBackend
-
-    return RedisBackend
-
-
-def _postgres() -> type[ResultBackend]:
-    from .postgres import PostgresBackend
-
-    return PostgresBackend
-
-
-# Loaders, so that a backend's client library is imported only when its scheme is used.
-_LOADERS: dict[str, Callable[[], type[ResultBackend]]] = {
-    "memory": _memory,
-    "sqlite": _sqlite,
-    "redis": _redis,
-    "rediss": _redis,
-    "postgresql": _postgres,
-    "postgres": _postgres,
-}
+BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "result backend", {
+    "memory": ("celeriac.backends.memory", "MemoryBackend"),
+    "sqlite": ("celeriac.backends.sqlite", "SQLiteBackend"),
+    "redis": ("celeriac.backends.redis", "RedisBackend"),
+    "rediss": ("celeriac.backends.redis", "RedisBackend"),
+    "postgresql": ("celeriac.backends.postgres", "PostgresBackend"),
+    "postgres": ("celeriac.backends.postgres", "PostgresBackend"),
+})
 
 
 def register(scheme: str, factory: type[ResultBackend]) -> None:
     """Add a result backend for ``scheme://`` URLs (third-party backends)."""
-    _LOADERS[scheme] = lambda: factory
+    BACKENDS.register(scheme, factory)
 
 
 def known_schemes() -> list[str]:
-    return sorted(_LOADERS)
+    return BACKENDS.known()
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    scheme = urlsplit(url).scheme
-    if scheme not in _LOADERS:
-        raise ConfigurationError(
-            f"unknown result backend URL scheme {scheme!r} in {url!r}; known: "
-            + ", ".join(f"{s}://" for s in known_schemes())
-        )
-    try:
-        return _LOADERS[scheme]()
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"the {scheme}:// result backend needs {exc.name!r}: "
-            f"pip install 'celeriac[{scheme}]'"
-        ) from exc
+    return BACKENDS.lookup(url)
 
 
 def create_backend(url: str, settings: Settings) -> ResultBackend:

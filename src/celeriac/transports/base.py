@@ -17,12 +17,12 @@ event loop. Semantics every transport keeps (and ``tests/contracts`` checks):
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
-from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError, MessageTooLarge
+from .._schemes import SchemeRegistry
+from ..errors import MessageTooLarge
 from ..protocol import Delivery, Message
 
 if TYPE_CHECKING:
@@ -201,65 +201,28 @@ class Subscription(abc.ABC):
     async def close(self) -> None: ...
 
 
-def _memory() -> type[Transport]:
-    from .memory import MemoryTransport
-
-    return MemoryTransport
-
-
-def _sqlite() -> type[Transport]:
-    from .sqlite import SQLiteTransport
-
-    return SQLiteTransport
-
-
-def _redis() -> type[Transport]:
-    from .redis import RedisTransport
-
-    return RedisTransport
-
-
-def _amqp() -> type[Transport]:
-    from .amqp import AMQPTransport
-
-    return AMQPTransport
-
-
-# Loaders, so that a transport's client library is imported only when its scheme is used.
-_LOADERS: dict[str, Callable[[], type[Transport]]] = {
-    "memory": _memory,
-    "sqlite": _sqlite,
-    "redis": _redis,
-    "rediss": _redis,
-    "amqp": _amqp,
-    "amqps": _amqp,
-}
+TRANSPORTS: SchemeRegistry[Transport] = SchemeRegistry("broker", "transport", {
+    "memory": ("celeriac.transports.memory", "MemoryTransport"),
+    "sqlite": ("celeriac.transports.sqlite", "SQLiteTransport"),
+    "redis": ("celeriac.transports.redis", "RedisTransport"),
+    "rediss": ("celeriac.transports.redis", "RedisTransport"),
+    "amqp": ("celeriac.transports.amqp", "AMQPTransport"),
+    "amqps": ("celeriac.transports.amqp", "AMQPTransport"),
+})
 
 
 def register(scheme: str, factory: type[Transport]) -> None:
     """Add a transport for ``scheme://`` URLs (third-party transports)."""
-    _LOADERS[scheme] = lambda: factory
+    TRANSPORTS.register(scheme, factory)
 
 
 def known_schemes() -> list[str]:
-    return sorted(_LOADERS)
+    return TRANSPORTS.known()
 
 
 def transport_class(url: str) -> type[Transport]:
     """The transport class for ``url`` (the first of several ``;``-separated URLs)."""
-    first = url.split(";")[0].strip()
-    scheme = urlsplit(first).scheme
-    if scheme not in _LOADERS:
-        raise ConfigurationError(
-            f"unknown broker URL scheme {scheme!r} in {first!r}; known: "
-            + ", ".join(f"{s}://" for s in known_schemes())
-        )
-    try:
-        return _LOADERS[scheme]()
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"the {scheme}:// transport needs {exc.name!r}: pip install 'celeriac[{scheme}]'"
-        ) from exc
+    return TRANSPORTS.lookup(url.split(";")[0].strip())
 
 
 def create_transport(url: str, settings: Settings) -> Transport:
