@@ -175,7 +175,7 @@ def test_exchange_acks_only_what_the_consumer_still_owns(
         other = make(worker_lease_timeout=0.2)
         await other.connect("other")
         await asyncio.sleep(0.25)  # sleep-ok: the 0.2 s lease must run out
-        assert await other.heartbeat() == 2
+        assert await other.renew_lease() == 2
         again = await other.fetch([Q], 2, 1.0)
         assert ids(again) == ids(taken)
         # The slow consumer's late ack must not delete what the other one now runs.

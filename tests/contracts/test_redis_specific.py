@@ -133,7 +133,7 @@ def test_one_heartbeat_returns_all_2000_messages_of_an_expired_consumer(
         await live.connect("live")
         assert producer.queue_length(Q) == 0
         await asyncio.sleep(0.25)  # sleep-ok: the 0.2 s lease must run out
-        assert await live.heartbeat() == 2000
+        assert await live.renew_lease() == 2000
         assert producer.queue_length(Q) == 2000
         again = await live.fetch([Q], 2000, 1.0)
         assert ids(again) == [f"id-{n}" for n in range(2000)]
@@ -394,7 +394,7 @@ def test_worker_calls_raise_while_redis_is_down_and_reconnect_after(
         with pytest.raises(BrokerUnavailable):
             producer.publish(Q, message(2))
         start()  # an empty server: no persistence
-        await c.heartbeat()  # the next call reconnects by itself
+        await c.renew_lease()  # the next call reconnects by itself
         producer.publish(Q, message(3))
         assert ids(await c.fetch([Q], 1, 1.0)) == ["id-3"]
         await c.disconnect()

@@ -484,14 +484,14 @@ def test_expired_lease_returns_messages_through_another_heartbeat(
         deadline = time.monotonic() + 10 * LEASE
         while not restored and time.monotonic() < deadline:
             assert await live.fetch([Q], 10, LEASE / 6) == []
-            restored = await live.heartbeat()
+            restored = await live.renew_lease()
         assert time.monotonic() - t_lease >= LEASE - EARLY
         assert restored == 2
         assert producer.queue_length(Q) == 2
         again = await fetch_n(live, [Q], 2)
         assert [d.message for d in again] == [message(1), message(2)]
         assert [d.delivery_count for d in again] == [2, 2]
-        assert await live.heartbeat() == 0
+        assert await live.renew_lease() == 0
         # The dead consumer, back from the dead, can no longer ack them away.
         await dead.ack(taken)
         await live.requeue(again, redelivered=False)
@@ -509,11 +509,11 @@ def test_live_consumer_keeps_its_messages_past_the_lease(transport: TransportFac
         [d] = await busy.fetch([Q], 1, 1.0)
         end = time.monotonic() + 2.5 * LEASE
         while time.monotonic() < end:  # a long task: "busy" heartbeats, "other" polls
-            await busy.heartbeat()
-            assert await other.heartbeat() == 0
+            await busy.renew_lease()
+            assert await other.renew_lease() == 0
             assert await other.fetch([Q], 10, LEASE / 4) == []
         await busy.ack([d])
-        assert await other.heartbeat() == 0
+        assert await other.renew_lease() == 0
         assert await other.fetch([Q], 10, 0.05) == []
 
     run(scenario())

@@ -6,8 +6,8 @@ event loop. Semantics every transport keeps (and ``tests/contracts`` checks):
 
 - ``fetch`` hands a message to one consumer at a time; until that consumer acks,
   rejects or dead-letters it, the message is owned by the consumer.
-- A consumer that stops heartbeating (``heartbeat``) for ``worker_lease_timeout`` is dead:
-  any live consumer's heartbeat returns the dead one's messages to their queues, and their
+- A consumer that stops renewing its lease (``renew_lease``) for ``worker_lease_timeout`` is
+  dead: any live consumer's renewal returns the dead one's messages to their queues, and their
   ``delivery_count`` grows by one on the next delivery. A long task on a live consumer is
   never handed out twice.
 - ``publish(..., delay=s)`` stores the message in the broker until it is due.
@@ -140,7 +140,7 @@ class Transport(Publisher):
         return await self.fetch(queues, limit, timeout)
 
     @abc.abstractmethod
-    async def heartbeat(self) -> int:
+    async def renew_lease(self) -> int:
         """Renew this consumer's lease; return the count of dead consumers' messages
         returned to their queues."""
 

@@ -111,7 +111,7 @@ class MemoryTransport(Transport):
 
     async def connect(self, consumer_id: str) -> None:
         await super().connect(consumer_id)
-        await self.heartbeat()
+        await self.renew_lease()
 
     async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
         loop = asyncio.get_running_loop()
@@ -195,7 +195,7 @@ class MemoryTransport(Transport):
                 b.dead.append(DeadLetter(record.id, record.queue, reason, record.message,
                                          record.deliveries, time.time()))
 
-    async def heartbeat(self) -> int:
+    async def renew_lease(self) -> int:
         b = self.broker
         now = time.time()
         restored = 0

@@ -5,11 +5,11 @@ The key layout is in the header of ``lua/common.lua``, which heads every script.
 a message is a hash; ready ids sit in one sorted set per queue (priority, then FIFO);
 delayed ids in one sorted set by due time, promoted by whichever fetch finds them due;
 fetched ids in the fetching consumer's ``owned`` set. Ownership is the lease: there is no
-visibility timeout, a consumer's heartbeat renews its entry in the ``consumers`` sorted
-set, and any heartbeat returns every message of each expired consumer in one pass.
+visibility timeout, a consumer's lease renewal renews its entry in the ``consumers``
+sorted set, and any renewal returns every message of each expired consumer in one pass.
 
 One round trip each: ``publish_many``, a ``fetch`` of up to ``limit`` messages across
-several queues, an ``ack`` of a batch, a ``heartbeat``. An idle fetch does not poll: the
+several queues, an ``ack`` of a batch, a lease renewal. An idle fetch does not poll: the
 fetch script registers the consumer as idle on its queues, and the consumer BLPOPs its
 own wake list until the next delayed message is due; whatever makes a message ready in
 one of those queues pushes it a token. Broadcasts are Redis pub/sub.
@@ -61,7 +61,7 @@ class RedisTransport(Transport):
         self._held: set[str] = set()
         """Tags fetched and not yet settled: what this consumer knows it owns."""
         self._unacked: set[str] = set()
-        """Acks that did not reach Redis; sent again with the next ack or heartbeat, so a
+        """Acks that did not reach Redis; sent again with the next ack or lease renewal, so a
         finished task is not run again when the connection comes back."""
         self._pubsub_denied = False  # PUBSUB refused (ACL): has_subscribers says yes
         self._suspect = False
@@ -96,7 +96,7 @@ class RedisTransport(Transport):
             self._held.clear()
             self._unacked.clear()
         await super().connect(consumer_id)
-        await self.heartbeat()
+        await self.renew_lease()
         # Messages owned under this id that we do not hold belong to an earlier consumer
         # of the same id that died; as ours they would never be released: they go back,
         # counted, as if its lease had run out.
@@ -272,7 +272,7 @@ class RedisTransport(Transport):
         finally:
             self._held.difference_update(tags)
 
-    async def heartbeat(self) -> int:
+    async def renew_lease(self) -> int:
         me = self._me()
         if self._unacked:
             try:

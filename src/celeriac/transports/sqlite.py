@@ -12,7 +12,7 @@ Schema::
 
 A fetch is one write transaction: promote the due delayed messages, then claim up to
 ``limit`` ready ones by setting ``owner``. Ownership is the lease: a consumer renews
-``consumers.expires`` on every heartbeat, and any consumer's heartbeat hands the messages
+``consumers.expires`` on every lease renewal, and any consumer's renewal hands the messages
 of expired consumers back to their queues in one statement.
 """
 
@@ -188,7 +188,7 @@ class SQLiteTransport(Transport):
             conn.execute("DELETE FROM messages WHERE id = ? AND owner = ?",
                          (delivery.tag, self.consumer_id))
 
-    async def heartbeat(self) -> int:
+    async def renew_lease(self) -> int:
         return self._renew()
 
     def _renew(self) -> int:

@@ -66,7 +66,7 @@ class ConsumerStep(Step):
 
     async def _renew_lease(self) -> None:
         try:
-            await self.transport.heartbeat()
+            await self.transport.renew_lease()
         except (BrokerError, ConnectionError, TimeoutError, OSError) as exc:
             # An outage: one line when it starts and one when it ends, not a traceback
             # every tick (the fetch loop reports its own retries meanwhile).

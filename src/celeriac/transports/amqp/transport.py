@@ -28,7 +28,7 @@ and nothing on the wire tells publish order across queues.
 
 **Leases** are connections: RabbitMQ returns a consumer's unacked messages when its
 connection closes or misses two heartbeats, and the heartbeat is ``worker_lease_timeout /
-2``. ``heartbeat()`` returns 0. A live connection's long task is never taken back:
+2``. ``renew_lease()`` returns 0. A live connection's long task is never taken back:
 consumers ask for ``x-consumer-timeout`` 2**31-1 ms; RabbitMQ < 3.11.15 ignores it and
 applies its global ``consumer_timeout`` (30 min by default; we warn at connect).
 
@@ -370,7 +370,7 @@ class AMQPTransport(Transport):
                      wire.DELIVERIES: h.count}
             await self._copy(link, [(h, self.config.dead, 0, extra)])
 
-    async def heartbeat(self) -> int:
+    async def renew_lease(self) -> int:
         return 0  # the AMQP heartbeat keeps the lease: see the module docstring
 
     async def disconnect(self) -> None:
