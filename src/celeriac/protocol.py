@@ -218,10 +218,15 @@ def validate_properties(message: Message) -> str | None:
     return None
 
 
+def valid_id(value: Any) -> bool:
+    """A task, group, root or parent id a worker accepts: a short non-empty UTF-8 string."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID and _is_utf8(value)
+
+
 def _check_id(name: str, value: Any, required: bool = False) -> str | None:
     if value is None and not required:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_ID or not _is_utf8(value):
+    if not valid_id(value):
         return f"missing or invalid {name!r} header: {_show(value)}"
     return None
 

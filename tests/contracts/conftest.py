@@ -114,8 +114,11 @@ _AMQP_NAMES = ("contract", "a", "b", "other", "keep", "warm-up", "celeriac.dead"
                "celeriac.events")
 
 
-def _drop_amqp_namespace(url: str) -> None:
-    """Delete the durable queues and exchanges a contract test declared (idempotent)."""
+def _drop_amqp_namespace(url: str, names: tuple[str, ...] = _AMQP_NAMES,
+                         delayed: tuple[str, ...] = ("contract", "a", "b", "other", "keep")
+                         ) -> None:
+    """Delete the durable queues and exchanges a test declared (idempotent): ``names``,
+    and the delay levels of the queues in ``delayed``."""
     import pika
 
     from celeriac.transports.amqp import wire as amqp_wire
@@ -124,10 +127,10 @@ def _drop_amqp_namespace(url: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url.partition("?")[0].rstrip("/") + "/%2F"))
     try:
         ch = conn.channel()
-        for name in _AMQP_NAMES:
+        for name in names:
             ch.queue_delete(f"{ns}{name}")
             ch.exchange_delete(f"{ns}{name}")
-            if name in ("contract", "a", "b", "other", "keep"):
+            if name in delayed:
                 for k in range(amqp_wire.DELAY_LEVELS):
                     ch.queue_delete(f"{ns}celeriac.delay.{name}.{k}")
                     ch.exchange_delete(f"{ns}celeriac.delay.{name}.{k}")

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pika
 import pytest
-import redis
 
+from tests.contracts.conftest import _drop_amqp_namespace, _drop_redis_namespace
 from tests.services import require
 
 AMQP_NAMES = ("celery", "other", "celeriac.dead", "celeriac.events")
@@ -25,41 +25,9 @@ def env(request: pytest.FixtureRequest, env: dict[str, str]) -> Iterator[dict[st
     results = f"{require('redis')}?namespace={ns}"
     broker = results if request.param == "redis" else f"{require('rabbitmq')}?namespace={ns}"
     yield {**env, "CELERIAC_BROKER_URL": broker, "CELERIAC_RESULT_BACKEND": results}
-    drop_redis(ns)
+    _drop_redis_namespace(results)
     if request.param == "amqp":
-        drop_amqp(ns)
-
-
-def drop_redis(ns: str) -> None:
-    client = redis.Redis.from_url(require("redis"))
-    try:
-        keys = list(client.scan_iter(match=f"{ns}:*", count=1000))
-        for start in range(0, len(keys), 500):
-            client.delete(*keys[start:start + 500])
-    finally:
-        client.close()
-
-
-def drop_amqp(ns: str) -> None:
-    from celeriac.transports.amqp import wire as amqp_wire
-
-    conn = pika.BlockingConnection(pika_parameters())
-    try:
-        ch = conn.channel()
-        for name in AMQP_NAMES:
-            ch.queue_delete(f"{ns}{name}")
-            ch.exchange_delete(f"{ns}{name}")
-        for name in AMQP_NAMES[:2]:  # the task queues, the only ones with delays
-            for k in range(amqp_wire.DELAY_LEVELS):
-                ch.queue_delete(f"{ns}celeriac.delay.{name}.{k}")
-                ch.exchange_delete(f"{ns}celeriac.delay.{name}.{k}")
-    finally:
-        conn.close()
-
-
-def amqp_channel() -> pika.adapters.blocking_connection.BlockingChannel:
-    """A raw pika channel on the shared RabbitMQ (the caller closes its connection)."""
-    return pika.BlockingConnection(pika_parameters()).channel()
+        _drop_amqp_namespace(broker, AMQP_NAMES, AMQP_NAMES[:2])
 
 
 def pika_parameters() -> pika.URLParameters:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ContentDisallowed, DecodeError, MessageTooLarge, NotRegistered
-from ..protocol import MAX_ID, Message, validate_headers, validate_properties
+from ..protocol import Message, valid_id, validate_headers, validate_properties
 from ..serialization import accepted_content_types
 
 if TYPE_CHECKING:
@@ -63,11 +63,5 @@ def result_id(headers: Any) -> str | None:
     and its producer wants a result."""
     if not isinstance(headers, dict) or headers.get("ignore_result") is True:
         return None
-    task_id = headers.get("id")
-    if isinstance(task_id, str) and 0 < len(task_id) <= MAX_ID and task_id.isprintable():
-        try:
-            task_id.encode("utf-8")
-        except UnicodeEncodeError:
-            return None
-        return task_id
-    return None
+    task_id: Any = headers.get("id")
+    return task_id if valid_id(task_id) and task_id.isprintable() else None

@@ -51,21 +51,36 @@ local WAKE_TTL_MS = 60000
 -- Queues that got a ready or delayed message in this script: notify() wakes their sleepers.
 local touched = {}
 
--- Put message `id` back on its queue; `uncount` takes back its last hand-out (a message
--- given back unstarted). Returns its queue, or false if the message no longer exists.
-local function make_ready(id, uncount)
+-- Take back message hash `k`'s last hand-out (a message given back unstarted).
+local function uncount(k)
+  if redis.call('HINCRBY', k, 'n', -1) < 0 then
+    redis.call('HSET', k, 'n', 0)
+  end
+end
+
+-- Put message `id` back on its queue; `uncounted`: its last hand-out does not count.
+-- Returns its queue, or false if the message no longer exists.
+local function make_ready(id, uncounted)
   local k = key('m', id)
   local f = redis.call('HMGET', k, 'q', 's')
   local q, s = f[1], f[2]
   if not q then
     return false
   end
-  if uncount and redis.call('HINCRBY', k, 'n', -1) < 0 then
-    redis.call('HSET', k, 'n', 0)
+  if uncounted then
+    uncount(k)
   end
   redis.call('ZADD', key('q', q), s, id)
   touched[q] = true
   return q
+end
+
+-- Hold message `id` of queue `q` in the delay store until `due` (unix ms). A sleeper on
+-- `q` is woken too: it may have to wake earlier than it planned.
+local function put_delayed(id, q, due)
+  redis.call('ZADD', key('delayed'), due, id)
+  redis.call('SADD', key('dq', q), id)
+  touched[q] = true
 end
 
 -- Wake each consumer asleep on a touched queue with one token. The idle set is emptied:

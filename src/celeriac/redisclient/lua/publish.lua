@@ -13,13 +13,11 @@ for i = 0, count - 1 do
   redis.call('HSET', key('m', id), 'q', q, 's', s, 'e', ARGV[a + 3], 'b', ARGV[a + 4])
   if delay > 0 then
     now = now or now_ms()
-    redis.call('ZADD', key('delayed'), now + delay, id)
-    redis.call('SADD', key('dq', q), id)
+    put_delayed(id, q, now + delay)
   else
     redis.call('ZADD', key('q', q), s, id)
+    touched[q] = true
   end
-  -- A delayed message wakes sleepers too: one may have to wake earlier than it planned.
-  touched[q] = true
 end
 notify()
 return count

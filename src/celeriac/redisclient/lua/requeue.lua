@@ -4,7 +4,7 @@
 -- Returns how many went back.
 
 local owned = key('owned', ARGV[2])
-local uncount = ARGV[3] == '1'
+local uncounted = ARGV[3] == '1'
 local delay = tonumber(ARGV[4])
 local due = delay > 0 and now_ms() + delay
 local moved = 0
@@ -15,16 +15,13 @@ for i = 5, #ARGV do
       local k = key('m', id)
       local q = redis.call('HGET', k, 'q')
       if q then
-        if uncount and redis.call('HINCRBY', k, 'n', -1) < 0 then
-          redis.call('HSET', k, 'n', 0)
+        if uncounted then
+          uncount(k)
         end
-        redis.call('ZADD', key('delayed'), due, id)
-        redis.call('SADD', key('dq', q), id)
-        -- A sleeper wakes to learn the new earliest due time.
-        touched[q] = true
+        put_delayed(id, q, due)
         moved = moved + 1
       end
-    elseif make_ready(id, uncount) then
+    elseif make_ready(id, uncounted) then
       moved = moved + 1
     end
   end

@@ -24,7 +24,7 @@ from ...backends.base import ResultBackend, Stored, backend_class
 from ...errors import SoftTimeLimitExceeded
 from ...protocol import Message
 from ...transports.base import Outgoing, Publisher, transport_class
-from ..execute import Result, execute_message
+from ..execute import Job, Result, execute_message
 from . import pipes
 from .channels import Inbox, Outbox
 
@@ -67,8 +67,8 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
         kind, payload = frame
         if kind == pipes.STOP:
             return 0
-        job = pipes.decode_job(payload)
-        result = _run(app, job, task_events)
+        job, soft_limit = pipes.decode_job(payload)
+        result = _run(app, job, soft_limit, task_events)
         done_tasks += 1
         retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
         # The result travels with DONE: the parent stores it (batched with other
@@ -80,8 +80,7 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
             return 0
 
 
-def _run(app: Celeriac, job: pipes.JobFrame, task_events: bool) -> Result:
-    soft_limit = job.soft_limit
+def _run(app: Celeriac, job: Job, soft_limit: float | None, task_events: bool) -> Result:
     if soft_limit:
         signal.setitimer(signal.ITIMER_REAL, soft_limit)
     try:

@@ -35,6 +35,8 @@ class ChildProc:
     """When ``job`` started (loop time)."""
     queued: Job | None = None
     """The job waiting in its pipe behind ``job`` (the lookahead), if any."""
+    queued_hard: float | None = None
+    """``queued``'s hard time limit, chosen when it was submitted; armed when it starts."""
     recalling: bool = False
     """A RECALL of ``queued`` is on its way. The child answers RECALLED (taken back)
     or STARTED (too late). If the DONE of ``job`` comes first, ``queued`` is in limbo

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
+from ..execute import Job
+
 if TYPE_CHECKING:
-    from ..execute import Action, Job, Result, Shown
+    from ..execute import Action, Result, Shown
 
 HEADER = struct.Struct("!IB")
 META_LEN = struct.Struct("!I")
@@ -42,20 +44,6 @@ RELAY_RESULT = 12  # a result for a backend that lives in the parent's memory:
 RELAY_PUBLISH = 13  # a message for a transport that lives in the parent's memory
 RECALLED = 14  # the job's seq, as text: it was taken back unstarted
 STARTED = 15  # the job's seq, as text: a RECALL came too late, the job has started
-
-
-class JobFrame(NamedTuple):
-    """What a child needs to run a job: the message's fields, the job's ``seq`` (which
-    the child's answers name), and the soft time limit the parent chose."""
-
-    seq: int
-    headers: dict[str, Any]
-    body: bytes
-    content_type: str
-    queue: str
-    delivery_count: int
-    hostname: str
-    soft_limit: float | None
 
 
 class Done(NamedTuple):
@@ -81,11 +69,11 @@ def encode_job(job: Job, soft_limit: float | None) -> bytes:
                                  job.delivery_count, job.hostname, soft_limit), job.body)
 
 
-def decode_job(payload: bytes) -> JobFrame:
+def decode_job(payload: bytes) -> tuple[Job, float | None]:
+    """The job, and the soft time limit the parent chose for it."""
     meta, body = split_blob(payload)
     seq, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
-    return JobFrame(seq, headers, body, content_type, queue, delivery_count, hostname,
-                    soft_limit)
+    return Job(seq, headers, body, content_type, queue, delivery_count, hostname), soft_limit
 
 
 def job_seq(payload: bytes) -> int:

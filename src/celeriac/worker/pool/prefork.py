@@ -120,8 +120,7 @@ class PreforkPool(Pool):
         self.ahead.clear()
         for proc in self.children.values():
             if proc.queued is not None and not proc.recalling and not proc.detached:
-                proc.recalling = True
-                proc.control.write(pipes.frame(pipes.RECALL, str(proc.queued.seq).encode()))
+                self._recall(proc)
         # The control thread answers within a GIL switch interval; a job the child took
         # first is running and finishes as running jobs do.
         deadline = self.loop.time() + 2.0
@@ -155,7 +154,7 @@ class PreforkPool(Pool):
         else:
             proc = next(iter(self.ahead))
             del self.ahead[proc]
-            proc.queued = job
+            proc.queued, proc.queued_hard = job, hard
         self._place(proc)
         proc.writer.write(frame)
 
@@ -186,21 +185,24 @@ class PreforkPool(Pool):
 
     def _rebalance(self) -> None:
         """Recall jobs waiting behind running ones while children are idle."""
+        if not self.idle:
+            return  # the busy case, after every DONE of a drain: nothing to scan
         wanted = len(self.idle) - sum(1 for c in self.children.values() if c.recalling)
-        if wanted <= 0:
-            return
         for proc in self.children.values():
+            if wanted <= 0:
+                return
             if proc.queued is not None and not proc.recalling and not proc.detached:
-                proc.recalling = True
-                proc.control.write(pipes.frame(pipes.RECALL, str(proc.queued.seq).encode()))
+                self._recall(proc)
                 wanted -= 1
-                if not wanted:
-                    return
+
+    def _recall(self, proc: ChildProc) -> None:
+        assert proc.queued is not None
+        proc.recalling = True
+        proc.control.write(pipes.frame(pipes.RECALL, str(proc.queued.seq).encode()))
 
     def _hand_back(self, job: Job) -> None:
         """A job that never started (recalled, or its child is gone): run it elsewhere."""
-        self._held -= 1
-        self._check_all_idle()
+        self._release()
         if self.idle and not self.closing and not self.no_lookahead:
             self.submit(job)
         else:
@@ -219,30 +221,27 @@ class PreforkPool(Pool):
             self.on_fatal(f"the pool failed reading child {proc.pid}: "
                           f"{type(exc).__name__}: {exc}")
 
-    def _read(self, proc: ChildProc) -> None:
+    def _read(self, proc: ChildProc) -> bool:
+        """Read and handle what ``proc`` wrote; False when there was nothing (EOF
+        detaches it: the child exited, and the supervisor reaps it)."""
         try:
             data = os.read(proc.result_fd, 1 << 16)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
-            self._detach(proc)  # EOF: the child exited; the supervisor reaps it
+            self._detach(proc)
             self.supervisor.reap_soon()
-            return
+            return False
         self._frames(proc, data)
+        return True
 
     def _drain(self, proc: ChildProc) -> None:
         """Read what a dead child wrote before it died (a DONE frame, say) before its
         pipe is closed: otherwise a finished task would count as lost and run again."""
-        while not proc.detached:
-            try:
-                data = os.read(proc.result_fd, 1 << 16)
-            except OSError:  # BlockingIOError included: nothing more was written
-                return
-            if not data:
-                return
-            self._frames(proc, data)
+        while not proc.detached and self._read(proc):
+            pass
 
     def _frames(self, proc: ChildProc, data: bytes) -> None:
         for kind, payload in proc.reader.feed(data):
@@ -275,8 +274,7 @@ class PreforkPool(Pool):
             # limit was never armed, for a task that short.
             job, queued = queued, None
             proc.queued, proc.recalling = None, False
-            self._held -= 1
-            self._check_all_idle()
+            self._release()
             self.on_started(job)
         else:
             return  # already settled (hard time limit fired as it finished)
@@ -288,7 +286,7 @@ class PreforkPool(Pool):
         elif queued is not None and not proc.recalling:
             # It started the job behind this one as it wrote this report.
             proc.queued = None
-            self._start(proc, queued, self._limits(queued)[0])
+            self._start(proc, queued, proc.queued_hard)
         self._place(proc)
         stored = None
         if done.stored is not None:
@@ -315,19 +313,20 @@ class PreforkPool(Pool):
         if job is None or job.seq != seq or proc.job is not None:
             return  # stale: settled otherwise
         proc.queued, proc.recalling = None, False
-        self._start(proc, job, self._limits(job)[0])
+        self._start(proc, job, proc.queued_hard)
         self._place(proc)
 
     def _finish(self, proc: ChildProc) -> None:
         """``proc`` no longer runs its job (done, timed out or lost)."""
         proc.job = None
-        self._held -= 1
         if proc.hard_limit is not None:
             proc.hard_limit.cancel()
             proc.hard_limit = None
-        self._check_all_idle()
+        self._release()
 
-    def _check_all_idle(self) -> None:
+    def _release(self) -> None:
+        """A job left the pool (done, lost, or handed back)."""
+        self._held -= 1
         if not self._held:
             self._all_idle.set()
 
@@ -364,8 +363,7 @@ class PreforkPool(Pool):
                 self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
         if queued is not None:
             if cold:
-                self._held -= 1
-                self._check_all_idle()
+                self._release()
             else:
                 self._hand_back(queued)  # it never started: not a loss
         if not self.children:
