@@ -67,9 +67,10 @@ class WorkerProcess:
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            with self._lock:
-                self._log.append(raw.decode(errors="replace"))
+        with self.proc.stdout:  # closed at EOF: once the worker and its children are gone
+            for raw in self.proc.stdout:
+                with self._lock:
+                    self._log.append(raw.decode(errors="replace"))
 
     @property
     def pid(self) -> int:

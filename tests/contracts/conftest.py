@@ -18,6 +18,7 @@ import pytest
 from celeriac.backends.base import ResultBackend, backend_class, create_backend
 from celeriac.settings import Settings
 from celeriac.transports.base import Transport, create_transport, transport_class
+from tests.loops import forget, track
 from tests.services import require
 
 
@@ -66,10 +67,11 @@ class TransportFactory:
     def __call__(self, **settings: Any) -> Transport:
         """A new transport instance (a new connection) on this test's broker."""
         t = create_transport(self.url, self.settings(**settings))
-        self._made.append(t)
+        self._made.append(track(t))
         return t
 
     def close_all(self) -> None:
+        forget()
         for t in self._made:
             t.close()
 

@@ -13,6 +13,7 @@ import redis
 from celeriac.protocol import Delivery, Message
 from celeriac.settings import Settings
 from celeriac.transports.redis import RedisTransport
+from tests.loops import forget, track
 from tests.services import require
 
 
@@ -50,9 +51,10 @@ def make(url: str) -> Iterator[Callable[..., RedisTransport]]:
     def factory(broker_url: str | None = None, **settings: Any) -> RedisTransport:
         full = broker_url or url
         t = RedisTransport(full.split(";")[0], Settings(broker_url=full, **settings))
-        made.append(t)
+        made.append(track(t))
         return t
 
     yield factory
+    forget()
     for t in made:
         t.close()

@@ -7,13 +7,12 @@ Each test uses its own ``namespace`` on the shared RabbitMQ and deletes what it 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import multiprocessing
 import subprocess
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,16 +26,13 @@ from celeriac.settings import Settings
 from celeriac.testing import wait_until
 from celeriac.transports.amqp import AMQPTransport, wire
 from celeriac.transports.base import Outgoing, create_transport
+from tests.loops import forget, run, track
 from tests.services import require
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 CELERY_PYTHON = ROOT / "bench" / ".venv-celery" / "bin" / "python"
 mp = multiprocessing.get_context("fork")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 class Broker:
@@ -52,7 +48,7 @@ class Broker:
         url = url or self.url
         t = create_transport(url, Settings(broker_url=url, **settings))
         assert isinstance(t, AMQPTransport)
-        self.made.append(t)
+        self.made.append(track(t))
         return t
 
     def raw(self) -> Any:
@@ -61,6 +57,7 @@ class Broker:
         return conn.channel()
 
     def cleanup(self) -> None:
+        forget()
         for t in self.made:
             t.close()
         ch = self.raw()

@@ -24,6 +24,7 @@ from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
 from tests.contracts import redis_support
 from tests.contracts.redis_support import ids, message
+from tests.loops import run
 from tests.services import require
 
 # The shared fixtures: a namespace of the test's own, its URL, transports made in it.
@@ -154,7 +155,7 @@ def test_exchange_stores_acks_and_fetches_in_one_round_trip(
         assert sent == ["EVALSHA", "EVALSHA"]
         await c.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario())
     got = backend.wait_for([f"id-{n}" for n in range(4)], 1.0)  # the change feed has them
     assert {k: m.result for k, m in got.items()} == {f"id-{n}": n for n in range(4)}
     assert all(m.state == states.SUCCESS for m in got.values())
@@ -187,7 +188,7 @@ def test_exchange_acks_only_what_the_consumer_still_owns(
         admin.close()
         await other.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario())
     assert producer.queue_length(Q) == 0
 
 

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
 from tests.contracts import redis_support
 from tests.contracts.redis_support import ids, message
+from tests.loops import run
 from tests.services import IN_CI, reachable, require
 
 # The shared fixtures: a namespace of the test's own, its URL, transports made in it.
@@ -43,10 +44,6 @@ T = TypeVar("T")
 Q = "specific"
 DOWN = "redis://127.0.0.1:1/0"
 """Nothing listens on port 1: connections are refused at once."""
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 def count_commands(client: Any, sent: list[str] | None = None) -> list[str]:
@@ -480,7 +477,7 @@ def test_has_subscribers_says_whether_a_broadcast_would_reach_anyone(
         finally:
             await sub.close()
 
-    assert asyncio.run(subscribed()) is True
+    assert run(subscribed()) is True
     # Closing drops the connection; Redis forgets the subscription once it sees that.
     wait_until(lambda: not t.has_subscribers("celeriac.events"), 5,
                message="the subscription gone")

@@ -1,7 +1,7 @@
 """The contract every transport keeps (see ``celeriac.transports.base``).
 
 Each test runs once per transport through the ``transport`` fixture (``conftest.py``).
-Consumer-side methods are coroutines: each test runs one scenario with ``asyncio.run``.
+Consumer-side methods are coroutines: each test runs one scenario with ``tests.loops.run``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -22,6 +22,7 @@ from celeriac.errors import MessageTooLarge
 from celeriac.protocol import Delivery, Message
 from celeriac.settings import Settings
 from celeriac.transports.base import Outgoing, Transport, create_transport
+from tests.loops import run
 
 from .conftest import TransportFactory
 
@@ -40,10 +41,6 @@ EARLY = 0.01
 """Clock granularity allowed when checking that a wait did not end too early."""
 
 mp = multiprocessing.get_context("fork")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 def message(n: int, *, priority: int = 0, body: bytes | None = None) -> Message:

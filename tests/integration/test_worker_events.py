@@ -33,8 +33,9 @@ class Dump:
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        with self.proc.stdout:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
 
     def events(self, hostname: str) -> list[str]:
         """Event types from ``hostname``, in the order they were printed."""

@@ -111,4 +111,5 @@ class SQLiteBackend(ResultBackend):
                 listener.close()
         self._listeners.clear()
         self._local = threading.local()
+        self.bell.close()
         self.db.close()

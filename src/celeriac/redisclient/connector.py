@@ -207,7 +207,11 @@ class Connector:
                                  self.settings.broker_connection_timeout, self.read_timeout)
             held = self._lanes.lane = (self._current, lane)
             with self._lock:
-                self._all_lanes = [x for x in self._all_lanes if not x.broken] + [lane]
+                keep = [x for x in self._all_lanes if not x.broken and x.thread.is_alive()]
+                ended = [x for x in self._all_lanes if x not in keep]
+                self._all_lanes = [*keep, lane]
+            for old in ended:
+                old.close()  # its thread has ended (or it broke): nobody else uses it
         return held[1]
 
     def run(self, name: str, args: Sequence[Any]) -> Any:
@@ -328,11 +332,15 @@ class Connector:
         return await self.acall(op)
 
     async def aclose(self) -> None:
-        """Close this loop's async connections."""
+        """Close this loop's async connections (another loop's are left alone)."""
         self._check_pid()
-        lane, self._alane = self._alane, None
-        if lane is not None and lane[2].done() and lane[2].exception() is None:
-            lane[2].result().close()
+        loop = asyncio.get_running_loop()
+        if self._alane is not None and self._alane[1] is loop:
+            lane, self._alane = self._alane, None
+            if lane[2].done() and lane[2].exception() is None:
+                lane[2].result().close()
+        if self._aclient is not None and self._aclient[1] is not loop:
+            return
         current, self._aclient = self._aclient, None
         stale, self._stale = self._stale, []
         clients = stale + ([current[2]] if current is not None else [])

@@ -20,6 +20,7 @@ import asyncio
 import collections
 import hashlib
 import socket
+import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -74,6 +75,7 @@ class SyncLane:
         self.reader = hiredis.Reader()
         self.buffer = bytearray(_BUFFER)
         self.broken = False
+        self.thread = threading.current_thread()
 
     @classmethod
     def open(cls, params: dict[str, Any], name: str, connect_timeout: float,

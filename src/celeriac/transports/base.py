@@ -145,7 +145,14 @@ class Transport(Publisher):
         returned to their queues."""
 
     async def disconnect(self) -> None:
-        """Stop consuming. Messages still owned return to their queues uncounted."""
+        """Stop consuming. Messages still owned return to their queues uncounted; then
+        ``release``."""
+        await self.release()
+
+    async def release(self) -> None:
+        """Close the connections this event loop holds, giving nothing back: what a
+        crash leaves behind (owned messages return when the lease expires, or on AMQP
+        when the broker sees the connection close). Call it before the loop ends."""
 
     # -- administration (synchronous) ---------------------------------------------------
     def ping(self) -> None:

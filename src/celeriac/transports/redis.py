@@ -297,7 +297,10 @@ class RedisTransport(Transport):
                     logger.info("gave back %d message(s) on disconnect", given_back)
         finally:
             self._held.clear()
-            await self.conn.aclose()
+            await self.release()
+
+    async def release(self) -> None:
+        await self.conn.aclose()
 
     # -- administration -----------------------------------------------------------------
     def ping(self) -> None:

@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -98,6 +97,7 @@ class _Link:
         self.conn = conn
         self.url = url
         self.pid = os.getpid()
+        self.thread = threading.current_thread()
         self.ch: Any = None
         self._admin: Any = None
         self.next_tag = 0
@@ -171,7 +171,9 @@ class SyncClient:
         self.config = config
         self.settings = settings
         self._local = threading.local()
-        self._links: weakref.WeakSet[_Link] = weakref.WeakSet()
+        # Strong references: a link is closed by close(), or by the next connect once its
+        # thread has ended (a thread-local alone would leave its socket to the GC).
+        self._links: set[_Link] = set()
         self._lock = threading.Lock()
         self._good = 0  # index of the URL that last worked (round-robin starts there)
 
@@ -185,7 +187,11 @@ class SyncClient:
             link = self._connect()
             self._local.link = link
             with self._lock:
-                self._links.add(link)
+                ended = {x for x in self._links if not x.thread.is_alive()}
+                self._links = (self._links - ended) | {link}
+            for old in ended:
+                if old.pid == os.getpid():
+                    old.close()
         return link
 
     def _connect(self) -> _Link:
@@ -237,7 +243,7 @@ class SyncClient:
 
     def close(self) -> None:
         with self._lock:
-            links, self._links = list(self._links), weakref.WeakSet()
+            links, self._links = list(self._links), set()
         for link in links:
             if link.pid == os.getpid():
                 link.close()

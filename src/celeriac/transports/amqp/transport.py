@@ -389,6 +389,10 @@ class AMQPTransport(Transport):
                 logger.warning("giving messages back failed (%s); the broker returns them", exc)
         await self._teardown()
 
+    async def release(self) -> None:
+        if self._link is not None and self._loop is asyncio.get_running_loop():
+            await self._teardown()
+
     # -- broadcast ------------------------------------------------------------------------
     async def subscribe(self, channel: str) -> Subscription:
         sub = AMQPSubscription(self._ready, self.config.fanout(channel))

@@ -1,0 +1,39 @@
+"""``run(coro)``: ``asyncio.run`` that releases, before the loop ends, the connections
+every transport a test made holds on that loop. A test often leaves a consumer as a crash
+would (no ``disconnect``); without this its sockets would outlive their loop and end as
+``ResourceWarning``s, which the suite turns into errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from celeriac.transports.base import Transport
+
+T = TypeVar("T")
+TR = TypeVar("TR", bound=Transport)
+
+_made: list[Transport] = []
+
+
+def track(transport: TR) -> TR:
+    """Release ``transport``'s loop connections at the end of every ``run``."""
+    _made.append(transport)
+    return transport
+
+
+def forget() -> None:
+    """The test is over: its transports are closed by its fixtures."""
+    _made.clear()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    async def main() -> T:
+        try:
+            return await coro
+        finally:
+            for transport in list(_made):
+                await transport.release()
+
+    return asyncio.run(main())
