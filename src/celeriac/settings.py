@@ -52,6 +52,8 @@ class Settings:
     task_default_retry_delay: float = 180.0
     task_max_deliveries: int = 3
     """A message lost this many times (its worker died) goes to the dead-letter queue."""
+    task_default_rate_limit: str | float | None = None
+    """Rate limit of tasks that set none (``"10/s"``, ``"100/m"``, ``"1000/h"``)."""
     task_redelivery_delay: float = 1.0
     """Seconds a message whose pool child died waits in the delay store before it is
     delivered again, doubling with each loss (capped at 60 s); 0: at once. A task that
@@ -66,6 +68,8 @@ class Settings:
     """Pool size; ``None`` means the number of CPUs (1 for the solo pool)."""
     worker_prefetch_multiplier: int = 4
     worker_pool: str = "prefork"
+    worker_disable_rate_limits: bool = False
+    """Ignore every task's rate limit."""
     worker_lease_timeout: float = 10.0
     """A worker silent this long is presumed dead and its messages return to their queues."""
     worker_max_tasks_per_child: int | None = None

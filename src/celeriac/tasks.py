@@ -70,6 +70,9 @@ class TaskOptions:
     expires: float | timedelta | datetime | None = None
     serializer: str | None = None
     track_started: bool | None = None
+    rate_limit: str | float | None = None
+    """Celery's syntax: ``"10/s"``, ``"100/m"``, ``"1000/h"`` or a number per second;
+    per worker and task name. None: ``task_default_rate_limit``."""
 
 
 class Task(Generic[P, R]):
