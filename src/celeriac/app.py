@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import fnmatch
+import importlib
 import logging
 import os
+from dataclasses import fields
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
+from . import _state, config, serialization, signals
 from . import result as _result
-from . import serialization
 from .backends.base import ResultBackend, create_backend
 from .errors import ConfigurationError, EncodeError
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
-from .settings import Settings
-from .tasks import Task, TaskOptions, args_repr
+from .settings import Conf, Settings
+from ._net import retrying
+from .tasks import Task, TaskOptions, args_repr, current_request
 from .transports.base import Outgoing, Publisher, Transport, create_transport
 
 if TYPE_CHECKING:
@@ -46,43 +48,126 @@ class Celeriac:
         *,
         broker: str | None = None,
         backend: str | None = None,
+        include: Sequence[str] | None = None,
         settings: Settings | None = None,
+        config_source: object | str | None = None,
+        namespace: str | None = None,
+        task_cls: type[Task[Any, Any]] | None = None,
+        set_as_current: bool = True,
         **overrides: Any,
     ) -> None:
         self.main = main
         base = settings or Settings()
+        if config_source is not None:
+            base = base.update_from(_load_object(config_source), namespace)
         if broker is not None:
             overrides["broker_url"] = broker
         if backend is not None:
             overrides["result_backend"] = backend
+        if include is not None:
+            overrides["include"] = config.module_names(include, "include")
         self.settings = base.replace(**overrides) if overrides else base
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.Task: type[Task[Any, Any]] = task_cls or Task
+        """The class of this app's tasks (``@app.task(base=...)`` picks another)."""
         self.hooks = HookRunner()
+        self._finalized = False
+        self._autodiscover: list[tuple[Any, str]] = []
+        self._routers: tuple[Settings, tuple[config.Router, ...]] | None = None
         self._transport: Transport | None = None
         self._relay: Publisher | None = None
         """In a pool child whose broker lives in the worker's memory: where it publishes."""
         self._backend: ResultBackend | None = None
         self._events: EventDispatcher | None = None
         self._pid = os.getpid()
+        signals.install(self)
+        _state.register_app(self, set_as_current)
 
     def __repr__(self) -> str:
         return f"<Celeriac {self.main or '__main__'} broker={self.settings.broker_url}>"
 
     @property
-    def conf(self) -> Settings:
-        """Celery's name for the settings."""
-        return self.settings
+    def conf(self) -> Conf:
+        """The settings as Celery shows them: ``app.conf.task_serializer``,
+        ``app.conf.update(...)``, ``app.conf.x = y`` (until the app is finalized)."""
+        return Conf(self)
 
     def configure(self, **changes: Any) -> None:
-        """Change settings before the broker or backend is first used."""
-        if self._transport is not None or self._backend is not None:
-            raise ConfigurationError("configure() must be called before the app connects")
+        """Change settings; only before the app is finalized."""
+        self._check_not_finalized("configure()")
         self.settings = self.settings.replace(**changes)
+
+    def config_from_object(self, obj: object | str, namespace: str | None = None,
+                           force: bool = True) -> None:
+        """Read settings from a module (or ``"module:attribute"``), an object or a mapping,
+        as Celery does; ``namespace="CELERY"`` reads Django's ``CELERY_BROKER_URL`` and so
+        on. Settings not named there keep their values."""
+        self._check_not_finalized("config_from_object()")
+        self.settings = self.settings.update_from(_load_object(obj), namespace)
+
+    def _check_not_finalized(self, what: str) -> None:
+        if self._finalized:
+            raise ConfigurationError(
+                f"{what}: the app's settings are frozen once it is finalized (it has "
+                "connected to the broker, started a worker or called finalize()); "
+                "configure it before")
+
+    @property
+    def finalized(self) -> bool:
+        return self._finalized
+
+    def finalize(self) -> None:
+        """Import the modules of ``include``/``imports`` and of ``autodiscover_tasks``,
+        apply ``task_annotations``, and freeze the settings. The worker does this at
+        start; connecting to the broker or backend does it too."""
+        if self._finalized:
+            return
+        self._finalized = True
+        try:
+            for module in (*self.settings.imports, *self.settings.include):
+                importlib.import_module(module)
+            for packages, related_name in self._autodiscover:
+                self._discover(packages, related_name)
+            for task in list(self.tasks.values()):
+                self._annotate(task)
+        except BaseException:
+            self._finalized = False
+            raise
+
+    def autodiscover_tasks(self, packages: Iterable[str] | Callable[[], Iterable[str]]
+                           | None = None, related_name: str = "tasks",
+                           force: bool = False) -> None:
+        """Import ``<package>.tasks`` for each package when the app is finalized (now with
+        ``force``). ``packages`` may be a function returning them (Django's
+        ``lambda: settings.INSTALLED_APPS``); None: Django's installed apps."""
+        if force or self._finalized:
+            self._discover(packages, related_name)
+        else:
+            self._autodiscover.append((packages, related_name))
+
+    def _discover(self, packages: Any, related_name: str) -> None:
+        if packages is None:
+            packages = _django_apps()
+        elif callable(packages):
+            packages = packages()
+        for package in packages:
+            name = f"{package}.{related_name}" if related_name else package
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name != name:
+                    raise  # the tasks module exists but imports something missing
+                logger.debug("autodiscover: %s has no %s module", package, related_name)
+
+    def set_current(self) -> None:
+        """Make this the app ``shared_task`` proxies and ``current_app()`` use."""
+        _state.set_current(self)
 
     # -- connections (per process: a forked child opens its own) -----------------------
     @property
     def transport(self) -> Transport:
         if self._transport is None or self._pid != os.getpid():
+            self.finalize()
             self._reset_after_fork()
             self._transport = create_transport(self.settings.broker_url, self.settings)
         return self._transport
@@ -97,6 +182,7 @@ class Celeriac:
     @property
     def backend(self) -> ResultBackend:
         if self._backend is None or self._pid != os.getpid():
+            self.finalize()
             self._reset_after_fork()
             self._backend = create_backend(self.settings.backend_url, self.settings)
         return self._backend
@@ -173,19 +259,43 @@ class Celeriac:
     def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task[Any, Any]:
         if not callable(fn):
             raise TypeError(f"@app.task needs a function, got {type(fn).__name__}")
+        base = options.pop("base", None) or self.Task
+        if not (isinstance(base, type) and issubclass(base, Task)):
+            raise TypeError(f"@app.task(base=...) must be a subclass of celeriac.Task, got "
+                            f"{base!r}")
         name = options.pop("name", None) or self._default_name(fn)
-        _validate_priority(options.get("priority"))
-        if options.get("serializer") is not None:
-            serialization.get_serializer(options["serializer"])
-        try:
-            task_options = TaskOptions(name=name, **options)
-        except TypeError as exc:
-            raise TypeError(f"@app.task: {exc}") from None
-        task: Task[Any, Any] = Task(self, fn, task_options)
+        unknown = options.keys() - TASK_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"@app.task({name!r}) got an unexpected keyword argument "
+                f"{', '.join(repr(u) for u in sorted(unknown))}; task options: "
+                f"{', '.join(sorted(TASK_OPTIONS))}, base")
+        # A base class's attributes are defaults (Celery's Task subclasses).
+        for option in TASK_OPTIONS - options.keys():
+            value = _class_default(base, option)
+            if value is not _MISSING:
+                options[option] = value
+        task_options = _task_options(name, options)
+        task: Task[Any, Any] = base(self, fn, task_options)
         if name in self.tasks and self.tasks[name].fn is not fn:
             logger.warning("task %s registered twice; the later definition wins", name)
         self.tasks[name] = task
+        if self._finalized:
+            self._annotate(task)
         return task
+
+    def _annotate(self, task: Task[Any, Any]) -> None:
+        """Apply ``task_annotations`` over the task's own options (Celery's order)."""
+        found = self.settings.task_annotations
+        if found is None:
+            return
+        changes: dict[str, Any] = {}
+        for annotate in config.annotators(found):
+            changes.update(annotate(task.name))
+        if changes:
+            task.options = _task_options(task.name, {
+                **{f.name: getattr(task.options, f.name) for f in fields(TaskOptions)},
+                **changes})
 
     def _default_name(self, fn: Callable[..., Any]) -> str:
         module = fn.__module__
@@ -194,16 +304,19 @@ class Celeriac:
         return f"{module}.{fn.__qualname__}"
 
     def route(self, task_name: str) -> str:
-        """The queue for ``task_name``: exact route, then glob routes, then the default."""
-        routes = self.settings.task_routes
-        if callable(routes):
-            return routes(task_name) or self.settings.task_default_queue
-        if task_name in routes:
-            return routes[task_name]
-        for pattern, queue in routes.items():
-            if fnmatch.fnmatchcase(task_name, pattern):
+        """The queue for ``task_name``: the first router of ``task_routes`` that names
+        one (in a dict: the exact name, then glob patterns), else the default queue."""
+        settings = self.settings
+        if not settings.task_routes:
+            return settings.task_default_queue
+        cached = self._routers
+        if cached is None or cached[0] is not settings:
+            cached = self._routers = (settings, config.routers(settings.task_routes))
+        for router in cached[1]:
+            queue = router(task_name)
+            if queue:
                 return queue
-        return self.settings.task_default_queue
+        return settings.task_default_queue
 
     def AsyncResult(self, task_id: str) -> _result.AsyncResult[Any]:
         return _result.AsyncResult(task_id, self)
@@ -227,17 +340,63 @@ class Celeriac:
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
         ignore_result: bool = False,
+        shadow: str | None = None,
+        routing_key: str | None = None,
+        exchange: str | None = None,
+        retry: bool | None = None,
+        retry_policy: Mapping[str, Any] | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        group_id: str | None = None,
+        add_to_parent: bool = True,
+        link: Any = None,
+        link_error: Any = None,
+        compression: str | None = None,
     ) -> _result.AsyncResult[Any]:
-        """Send a task by name; the task need not be importable here."""
+        """Send a task by name; the task need not be importable here.
+
+        Takes Celery's ``apply_async`` options. ``routing_key`` names the queue when
+        ``queue`` is not given (the default exchange routes by queue name); ``retry`` and
+        ``retry_policy`` (``max_retries``) govern this publish's reconnection attempts;
+        ``shadow`` is the name logs and events show. ``link``, ``link_error`` and
+        ``compression`` raise ``ConfigurationError``: not supported yet, nothing sent."""
+        for option, value in (("link", link), ("link_error", link_error),
+                              ("compression", compression)):
+            if value is not None:
+                raise ConfigurationError(
+                    f"send_task({name!r}): {option}= is not supported yet "
+                    f"({'callbacks come with canvas' if option != 'compression' else 'messages are not compressed'}); "
+                    "nothing was sent")
+        if exchange not in (None, ""):
+            raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
+                                     "supported: messages go to the queue named by queue= "
+                                     "or routing_key=; nothing was sent")
+        extra = dict(headers) if headers else {}
+        if shadow is not None:
+            extra["shadow"] = shadow
+        if group_id is not None:
+            extra["group"] = group_id
+        current = current_request() if add_to_parent else None
+        if parent_id is not None or current is not None:
+            extra["parent_id"] = parent_id or (current.id if current else None)
+        if root_id is not None or current is not None:
+            extra["root_id"] = root_id or (current.root_id or current.id if current else None)
         message, queue, delay = self._build(
-            name, args, kwargs, countdown=countdown, eta=eta, expires=expires, queue=queue,
-            priority=priority, task_id=task_id, headers=headers, serializer=serializer,
-            retries=retries, time_limit=time_limit, soft_time_limit=soft_time_limit,
+            name, args, kwargs, countdown=countdown, eta=eta, expires=expires,
+            queue=queue or routing_key, priority=priority, task_id=task_id,
+            headers=extra or None, serializer=serializer, retries=retries,
+            time_limit=time_limit, soft_time_limit=soft_time_limit,
             ignore_result=ignore_result,
         )
         if self.hooks:
             self.hooks.call("before_publish", message, queue)
-        self.publisher.publish(queue, message, delay=delay)
+        if retry is None and retry_policy is None:
+            self.publisher.publish(queue, message, delay=delay)
+        else:
+            limit = (retry_policy or {}).get("max_retries",
+                                              self.settings.broker_connection_max_retries)
+            with retrying(retry if retry is not None else True, limit):
+                self.publisher.publish(queue, message, delay=delay)
         if self.hooks:
             self.hooks.call("after_publish", message, queue)
         if self.settings.task_send_sent_event:
@@ -356,6 +515,62 @@ class Celeriac:
         from .worker import Worker
 
         return Worker(self, **options)
+
+
+TASK_OPTIONS = frozenset(f.name for f in fields(TaskOptions)) - {"name"}
+_MISSING: Any = object()
+
+
+def _class_default(base: type, option: str) -> Any:
+    for klass in base.__mro__:
+        if klass is Task:
+            break
+        if option in vars(klass):
+            return vars(klass)[option]
+    return _MISSING
+
+
+def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
+    _validate_priority(options.get("priority"))
+    if options.get("serializer") is not None:
+        serialization.get_serializer(options["serializer"])
+    if options.get("rate_limit") is not None:
+        from .worker.ratelimit import parse_rate
+
+        try:
+            parse_rate(options["rate_limit"])
+        except ValueError as exc:
+            raise ConfigurationError(f"task {name!r}: rate_limit: {exc}") from None
+    autoretry = options.get("autoretry_for")
+    if isinstance(autoretry, list):
+        options["autoretry_for"] = tuple(autoretry)
+    return TaskOptions(name=name, **options)
+
+
+def _load_object(obj: object | str) -> object:
+    """A module named ``"pkg.mod"`` (or an attribute, ``"pkg.mod:attr"``), else ``obj``."""
+    if not isinstance(obj, str):
+        return obj
+    module_name, _, attr = obj.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import configuration {obj!r}: {exc}") from exc
+    if not attr:
+        return module
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigurationError(f"configuration {obj!r}: {module_name} has no "
+                                 f"attribute {attr!r}") from None
+
+
+def _django_apps() -> list[str]:
+    try:
+        from django.conf import settings  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    return list(getattr(settings, "INSTALLED_APPS", ())) if settings.configured else []
 
 
 def _split_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:

@@ -46,6 +46,16 @@ class Hooks:
     def worker_process_init(self) -> None:
         """Called in every process that executes tasks, once, before its first task."""
 
+    def worker_process_shutdown(self) -> None:
+        """Called in a pool child as it exits normally (not when it is killed)."""
+
+    # Worker's main process, per message.
+    def task_received(self, request: Request) -> None:
+        """Called when a task message is accepted (its arguments are not decoded here)."""
+
+    def task_revoked(self, request: Request, expired: bool) -> None:
+        """Called when a task is not run because it was revoked or had expired."""
+
     # Worker side (in the worker's main process).
     def before_worker_start(self, worker: Worker) -> None:
         """Called before the worker's steps start."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from . import errors, states
@@ -25,6 +26,10 @@ class AsyncResult(Generic[R]):
         self.id = id
         self.app = app
         self.task_name = task_name
+        self.parent: AsyncResult[Any] | None = None
+        """The result of the task that sent this one, where the caller knows it."""
+        self.children: list[AsyncResult[Any]] = []
+        """Results of tasks this one started, where the caller knows them."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.id}>"
@@ -60,6 +65,46 @@ class AsyncResult(Generic[R]):
         meta = self._meta()
         return meta.traceback if meta else None
 
+    @property
+    def date_done(self) -> datetime | None:
+        """When the task finished (UTC), or None while it has not."""
+        meta = self._meta()
+        if meta is None or meta.date_done is None:
+            return None
+        return datetime.fromisoformat(meta.date_done)
+
+    @property
+    def retries(self) -> int:
+        meta = self._meta()
+        return meta.retries if meta else 0
+
+    @property
+    def name(self) -> str | None:
+        """The task's name: as sent, or stored with ``result_extended``."""
+        return self.task_name or self._extended("name")
+
+    @property
+    def args(self) -> Any:
+        """The task's positional arguments (stored with ``result_extended``)."""
+        return self._extended("args")
+
+    @property
+    def kwargs(self) -> Any:
+        return self._extended("kwargs")
+
+    @property
+    def worker(self) -> Any:
+        """The node name of the worker that ran it (``result_extended``)."""
+        return self._extended("worker")
+
+    @property
+    def queue(self) -> Any:
+        return self._extended("queue")
+
+    def _extended(self, key: str) -> Any:
+        meta = self._meta()
+        return meta.extended.get(key) if meta is not None and meta.extended else None
+
     def ready(self) -> bool:
         return self.state in states.READY_STATES
 
@@ -84,6 +129,10 @@ class AsyncResult(Generic[R]):
         if meta is None:
             raise ResultTimeout(f"task {self.id} not ready after {timeout}s")
         return cast(R, self._outcome(meta, propagate))
+
+    def wait(self, timeout: float | None = None, propagate: bool = True) -> R:
+        """Celery's other name for ``get``."""
+        return self.get(timeout, propagate)
 
     async def aget(self, timeout: float | None = None, propagate: bool = True) -> R:
         """``get()`` for async code; waits in a thread so the event loop keeps running."""

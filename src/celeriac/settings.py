@@ -13,9 +13,15 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._celery_names import DEFAULTS as CELERY_DEFAULTS
+from .config import annotators, coerce, from_mapping, object_values, routers, translate
 from .errors import ConfigurationError
+from .serialization import accepted_content_types, get_serializer
+
+if TYPE_CHECKING:
+    from .app import Celeriac
 
 DEFAULT_URL = "sqlite:///celeriac.db"
 ENV_PREFIX = "CELERIAC_"
@@ -30,9 +36,14 @@ class Settings:
 
     task_default_queue: str = "celery"
     """Celery's default, so celeriac and Celery workers in one deployment share it."""
-    task_routes: Mapping[str, str] | Callable[[str], str | None] = field(default_factory=dict)
-    """Task name (or ``fnmatch`` glob) to queue name; or a function of the task name that
-    returns a queue name (None: the default queue)."""
+    task_routes: Any = None
+    """Celery's forms: a dict of task name (or ``fnmatch`` glob) to a queue name or to
+    ``{"queue": name}``; a router function (of the task name, or Celery's ``(name, args,
+    kwargs, options, task=None, **kw)``) returning either; or a list of those, tried in
+    order. No match: ``task_default_queue``."""
+    task_annotations: Any = None
+    """Celery's forms: ``{"tasks.add": {"rate_limit": "10/s"}, "*": {...}}``, an object
+    with ``annotate(task)``, or a list of those; option values that override the tasks'."""
     task_default_priority: int = 0
     """0-9; higher runs first (AMQP semantics)."""
     task_serializer: str = "json"
@@ -46,6 +57,8 @@ class Settings:
     task_ignore_result: bool = False
     task_always_eager: bool = False
     """Run tasks in the calling process (tests); nothing is sent."""
+    task_eager_propagates: bool = False
+    """In eager mode, ``apply()``/``delay()`` raise a failed task's exception at once."""
     task_time_limit: float | None = None
     task_soft_time_limit: float | None = None
     task_max_retries: int = 3
@@ -63,6 +76,19 @@ class Settings:
     """Seconds a result is kept; ``None`` keeps results forever."""
     result_exception_allowlist: tuple[type[BaseException], ...] = ()
     """Exception types that ``AsyncResult.get()`` may re-create besides builtins'."""
+    result_extended: bool = False
+    """Store the task's name, args, kwargs, worker, retries and queue with its result
+    (``AsyncResult.name``, ``.args``, ``.kwargs``...)."""
+
+    include: tuple[str, ...] = ()
+    """Modules the worker imports at start (where tasks are defined)."""
+    imports: tuple[str, ...] = ()
+    """Celery's other name for ``include``: imported too."""
+    beat_schedule: Mapping[str, Any] = field(default_factory=dict)
+    """Periodic tasks, in Celery's form (for celeriac beat)."""
+    timezone: str | None = None
+    """The time zone of crontab schedules (for celeriac beat); None: UTC."""
+    enable_utc: bool = True
 
     worker_concurrency: int | None = None
     """Pool size; ``None`` means the number of CPUs (1 for the solo pool)."""
@@ -120,6 +146,27 @@ class Settings:
     """Transport-specific options, e.g. ``{"queue_type": "quorum"}`` for RabbitMQ."""
 
     def __post_init__(self) -> None:
+        # Celery's documented forms (strings of numbers, lists for tuples, timedeltas for
+        # seconds) become the field's type here, wherever the values came from.
+        for name, hint in _HINTS.items():
+            value = getattr(self, name)
+            coerced = coerce(name, hint, value)
+            if coerced is not value:
+                object.__setattr__(self, name, coerced)
+        for name in ("task_serializer", "result_serializer"):
+            try:
+                get_serializer(getattr(self, name))
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{name}: {exc}") from None
+        try:
+            accepted_content_types(self.accept_content)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"accept_content: {exc}") from None
+        routers(self.task_routes if self.task_routes is not None else {})
+        if self.task_annotations is not None:
+            annotators(self.task_annotations)
+        for name in ("task_default_rate_limit",):
+            _check_rate(name, getattr(self, name))
         if not 0 <= self.task_default_priority <= 9:
             raise ConfigurationError(
                 f"task_default_priority must be 0-9, got {self.task_default_priority!r}"
@@ -165,29 +212,43 @@ class Settings:
         return self.result_backend or self.broker_url.split(";")[0]
 
     def replace(self, **changes: Any) -> Settings:
-        unknown = set(changes) - _FIELD_NAMES
-        if unknown:
-            raise ConfigurationError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        """A copy with these settings changed. Celery's names are read as
+        ``celeriac.config`` says: implemented, converted, harmless (a warning) or
+        refused; an unknown name raises ``ConfigurationError``."""
+        if changes.keys() - _FIELD_NAMES:
+            changes = translate(changes, _FIELD_NAMES, "settings")
+        return dataclasses.replace(self, **changes)
+
+    def update_from(self, obj: object, namespace: str | None = None) -> Settings:
+        """A copy with the settings of ``obj`` applied: a mapping, or a module or object
+        (its public plain-value attributes), read as Celery's ``config_from_object``
+        reads them (``namespace="CELERY"`` for Django's ``CELERY_`` prefix)."""
+        source = getattr(obj, "__name__", None) or type(obj).__name__
+        values = dict(obj) if isinstance(obj, Mapping) else object_values(obj)
+        changes = translate(from_mapping(values, namespace), _FIELD_NAMES, source)
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_object(cls, obj: object) -> Settings:
-        """Settings from a mapping, or from the lowercase attributes of a module or object."""
-        if isinstance(obj, Mapping):
-            values = dict(obj)
-        else:
-            values = {n: getattr(obj, n) for n in _FIELD_NAMES if hasattr(obj, n)}
-        return cls().replace(**values)
+    def from_object(cls, obj: object, namespace: str | None = None) -> Settings:
+        """Settings from a mapping, a module or an object; see ``update_from``."""
+        return cls().update_from(obj, namespace)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from ``CELERIAC_<NAME>`` variables, e.g. ``CELERIAC_BROKER_URL``."""
+        """Settings from ``CELERIAC_<NAME>`` variables, e.g. ``CELERIAC_BROKER_URL``. A
+        variable named after a Celery setting celeriac does not implement is refused or
+        warned about as ``celeriac.config`` says; other ``CELERIAC_`` variables are the
+        application's own business."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(f.name, _HINTS[f.name], raw)
+        celery: dict[str, Any] = {}
+        for key, raw in env.items():
+            name = key[len(ENV_PREFIX):].lower() if key.startswith(ENV_PREFIX) else ""
+            if name in _FIELD_NAMES:
+                values[name] = _parse(name, _HINTS[name], raw)
+            elif name in CELERY_DEFAULTS:
+                celery[name] = raw
+        values.update(translate(celery, _FIELD_NAMES, "the environment"))
         return cls(**values)
 
 
@@ -195,8 +256,21 @@ _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
 _HINTS = typing.get_type_hints(Settings)
 
 
+def _check_rate(name: str, value: Any) -> None:
+    if value is None:
+        return
+    from .worker.ratelimit import parse_rate
+
+    try:
+        parse_rate(value)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from None
+
+
 def _parse(name: str, hint: Any, raw: str) -> Any:
     """Turn an environment string into the field's type."""
+    if name == "task_routes":
+        hint = Mapping[str, str]  # the one form an environment variable can spell
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         if type(None) in args and raw.strip().lower() in ("", "none", "null"):
@@ -225,3 +299,50 @@ def _parse(name: str, hint: Any, raw: str) -> Any:
             f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {hint}"
         ) from None
     raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} cannot be set from the environment")
+
+
+class Conf:
+    """``app.conf``: the app's settings read and changed as Celery's ``app.conf`` is
+    (attribute or item access, ``update``, ``get``). A change makes a new ``Settings``
+    (validated at once); once the app is finalized, changes raise ``ConfigurationError``."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Celeriac) -> None:
+        object.__setattr__(self, "_app", app)
+
+    def __getattr__(self, name: str) -> Any:
+        settings = self._app.settings
+        if name in _FIELD_NAMES:
+            return getattr(settings, name)
+        raise AttributeError(f"no setting {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.update({name: value})
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in _FIELD_NAMES:
+            raise KeyError(name)
+        return getattr(self._app.settings, name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.update({name: value})
+
+    def __contains__(self, name: object) -> bool:
+        return name in _FIELD_NAMES
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self._app.settings, name) if name in _FIELD_NAMES else default
+
+    def update(self, values: Mapping[str, Any] | None = None, /, **changes: Any) -> None:
+        self._app.configure(**{**(values or {}), **changes})
+
+    def keys(self) -> list[str]:
+        return sorted(_FIELD_NAMES)
+
+    def table(self) -> dict[str, Any]:
+        """Every setting and its value."""
+        return {name: getattr(self._app.settings, name) for name in sorted(_FIELD_NAMES)}
+
+    def __repr__(self) -> str:
+        return f"<Conf of {self._app!r}>"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import random
 import reprlib
 import traceback as tb
@@ -21,8 +22,23 @@ if TYPE_CHECKING:
     from .app import Celeriac
     from .result import AsyncResult
 
+logger = logging.getLogger("celeriac.tasks")
+
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+    "celeriac.current_request", default=None)
+
+HANDLERS = ("before_start", "on_success", "on_failure", "on_retry", "after_return")
+"""Celery's Task methods a ``base=`` class may override; called where the task runs."""
+
+
+def current_request() -> Request | None:
+    """The request of the task running in this thread (or coroutine), if any: what a
+    message sent from inside a task takes its ``parent_id`` and ``root_id`` from."""
+    return _current.get()
+
 
 _repr = reprlib.Repr()
 _repr.maxstring = 256
@@ -76,7 +92,12 @@ class TaskOptions:
 
 
 class Task(Generic[P, R]):
-    """A registered task. Call it to run it here; ``delay()`` to run it on a worker."""
+    """A registered task. Call it to run it here; ``delay()`` to run it on a worker.
+
+    Subclass it for ``@app.task(base=MyTask)``: class attributes named like task options
+    (``max_retries = 5``, ``acks_late = True``, ``rate_limit = "10/m"``...) are defaults,
+    and Celery's handlers below run where the task runs (a handler that raises is
+    logged; the task's outcome stands)."""
 
     def __init__(self, app: Celeriac, fn: Callable[..., R], options: TaskOptions) -> None:
         self.app = app
@@ -88,6 +109,50 @@ class Task(Generic[P, R]):
         self._request: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
             f"celeriac.request.{self.name}", default=None
         )
+        self.has_handlers = any(getattr(type(self), h) is not getattr(Task, h)
+                                for h in HANDLERS)
+        """True when a subclass overrides a handler (checked once, not per task)."""
+
+    # -- Celery's handlers ---------------------------------------------------------------
+    def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+                     ) -> None:
+        """Before the task runs."""
+
+    def on_success(self, retval: Any, task_id: str, args: Sequence[Any],
+                   kwargs: Mapping[str, Any]) -> None:
+        """After the task returned ``retval``."""
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Sequence[Any],
+                   kwargs: Mapping[str, Any], einfo: Any) -> None:
+        """After the task failed (``einfo``: ``celeriac.signals.ExceptionInfo``)."""
+
+    def on_retry(self, exc: BaseException, task_id: str, args: Sequence[Any],
+                 kwargs: Mapping[str, Any], einfo: Any) -> None:
+        """After the task asked to be retried."""
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Sequence[Any],
+                     kwargs: Mapping[str, Any], einfo: Any) -> None:
+        """After the task ended, whatever its state."""
+
+    def call_handlers(self, request: Request, state: str | None, retval: Any) -> None:
+        """``on_success`` / ``on_failure`` / ``on_retry``, then ``after_return``."""
+        from .signals import ExceptionInfo
+
+        exc = retval if isinstance(retval, BaseException) else None
+        einfo = ExceptionInfo(exc) if exc is not None else None
+        args, kwargs = request.args, request.kwargs
+        try:
+            if state == states.SUCCESS:
+                self.on_success(retval, request.id, args, kwargs)
+            elif state == states.FAILURE and exc is not None:
+                self.on_failure(exc, request.id, args, kwargs, einfo)
+            elif state == states.RETRY and exc is not None:
+                self.on_retry(exc, request.id, args, kwargs, einfo)
+            if state is not None:
+                self.after_return(state, retval, request.id, args, kwargs, einfo)
+        except Exception:
+            logger.exception("Task %s[%s]: a handler of %s failed", self.name, request.id,
+                             type(self).__name__)
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
@@ -120,7 +185,10 @@ class Task(Generic[P, R]):
 
     def run_with(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]) -> R:
         token = self._request.set(request)
+        current = _current.set(request)
         try:
+            if self.has_handlers and not request.called_directly:
+                self.before_start(request.id, args, kwargs)
             if self.options.bind:
                 return self.fn(self, *args, **kwargs)
             return self.fn(*args, **kwargs)
@@ -129,6 +197,7 @@ class Task(Generic[P, R]):
                 raise
             raise self.retry(exc=exc) from exc
         finally:
+            _current.reset(current)
             self._request.reset(token)
 
     # -- sending ------------------------------------------------------------------------
@@ -167,8 +236,18 @@ class Task(Generic[P, R]):
         headers: Mapping[str, Any] | None = None,
         serializer: str | None = None,
         retries: int = 0,
+        time_limit: float | None = None,
+        soft_time_limit: float | None = None,
+        ignore_result: bool | None = None,
+        **options: Any,
     ) -> AsyncResult[R]:
-        """Send the task with explicit options. ``countdown`` (s) or ``eta`` delay it."""
+        """Send the task with explicit options. ``countdown`` (s) or ``eta`` delay it;
+        the other options are Celery's (see ``Celeriac.send_task``); an option celeriac
+        does not know raises ``TypeError`` naming it."""
+        unknown = options.keys() - SEND_OPTIONS
+        if unknown:
+            raise TypeError(f"{self.name}.apply_async() got unknown option(s): "
+                            f"{', '.join(sorted(unknown))}")
         if self.app.settings.task_always_eager:
             return self.apply(args, kwargs, task_id=task_id)
         o = self.options
@@ -177,8 +256,12 @@ class Task(Generic[P, R]):
             expires=expires if expires is not None else o.expires,
             queue=queue or o.queue, priority=priority if priority is not None else o.priority,
             task_id=task_id, headers=headers, serializer=serializer or o.serializer,
-            retries=retries, time_limit=o.time_limit, soft_time_limit=o.soft_time_limit,
-            ignore_result=self.ignore_result,
+            retries=retries,
+            time_limit=time_limit if time_limit is not None else o.time_limit,
+            soft_time_limit=soft_time_limit if soft_time_limit is not None
+            else o.soft_time_limit,
+            ignore_result=self.ignore_result if ignore_result is None else ignore_result,
+            **options,
         )
 
     async def aapply_async(self, args: Sequence[Any] | None = None,
@@ -209,6 +292,13 @@ class Task(Generic[P, R]):
                 meta = ResultMeta(task_id, states.SUCCESS, None)
             except Exception as exc:
                 meta = ResultMeta(task_id, states.FAILURE, exc, tb.format_exc(), retries=retries)
+                if self.has_handlers:
+                    self.call_handlers(request, states.FAILURE, exc)
+                if self.app.settings.task_eager_propagates:
+                    raise
+                return EagerResult(task_id, self.app, self.name, meta)
+            if self.has_handlers:
+                self.call_handlers(request, meta.state, meta.result)
             return EagerResult(task_id, self.app, self.name, meta)
 
     # -- retrying -----------------------------------------------------------------------
@@ -261,6 +351,12 @@ class Task(Generic[P, R]):
 
     def should_autoretry(self, exc: BaseException) -> bool:
         return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
+
+
+SEND_OPTIONS = frozenset({
+    "shadow", "routing_key", "exchange", "retry", "retry_policy", "parent_id", "root_id",
+    "group_id", "add_to_parent", "link", "link_error", "compression"})
+"""``apply_async`` options passed through to ``send_task`` as they are."""
 
 
 def short_repr(value: Any) -> str:

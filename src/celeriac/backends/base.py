@@ -36,6 +36,9 @@ class ResultMeta:
     traceback: str | None = None
     date_done: str | None = None
     retries: int = 0
+    extended: dict[str, Any] | None = None
+    """With ``result_extended``: the task's ``name``, ``args``, ``kwargs``, ``worker``
+    and ``queue``, as Celery stores them."""
 
     @property
     def ready(self) -> bool:
@@ -114,7 +117,7 @@ class ResultBackend(abc.ABC):
                                      retries=retries)])
 
     def encode(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
-               retries: int = 0) -> Stored:
+               retries: int = 0, extended: dict[str, Any] | None = None) -> Stored:
         """The result as ``store`` would write it, for ``store_many`` (here or elsewhere)."""
         if isinstance(result, BaseException):
             result = exception_to_dict(result)
@@ -123,6 +126,8 @@ class ResultBackend(abc.ABC):
             "date_done": datetime.now(UTC).isoformat() if state in states.READY_STATES
             else None, "retries": retries,
         }
+        if extended:
+            meta.update(extended)
         try:
             content_type, data = serialization.dumps(meta, self.settings.result_serializer)
         except EncodeError as exc:
@@ -146,8 +151,9 @@ class ResultBackend(abc.ABC):
         meta = serialization.loads(data, content_type, self.accept)
         if not isinstance(meta, dict) or "status" not in meta:
             raise DecodeError(f"stored result for {task_id} is malformed")
+        extended = {k: meta[k] for k in EXTENDED if k in meta} if "name" in meta else None
         return ResultMeta(task_id, meta["status"], meta.get("result"), meta.get("traceback"),
-                          meta.get("date_done"), int(meta.get("retries") or 0))
+                          meta.get("date_done"), int(meta.get("retries") or 0), extended)
 
     def wait_for(self, task_ids: Iterable[str], timeout: float | None,
                  on_ready: Callable[[ResultMeta], None] | None = None) -> dict[str, ResultMeta]:
@@ -224,6 +230,9 @@ class ResultBackend(abc.ABC):
         """Ids written after ``cursor`` and the new cursor; None to ask for a rescan."""
         return None
 
+
+EXTENDED = ("name", "args", "kwargs", "worker", "queue")
+"""The fields ``result_extended`` adds (Celery's names)."""
 
 BATCH_PAUSE = 0.005
 DIRECT_READ = 64

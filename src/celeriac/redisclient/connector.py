@@ -40,7 +40,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
-from .._net import backoff, mask_password
+from .._net import backoff, retry_policy, mask_password
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
 from .lanes import AsyncLane, SyncLane, lane_params, sha1
 
@@ -187,9 +187,8 @@ class Connector:
                 except redis.RedisError as exc:
                     raise self._error(endpoint, exc) from exc
             assert last is not None
-            retries = self.settings.broker_connection_max_retries
-            if not self.settings.broker_connection_retry or (
-                    retries is not None and rounds >= retries):
+            retry, retries = retry_policy(self.settings)
+            if not retry or (retries is not None and rounds >= retries):
                 raise self._unreachable(last, rounds + 1) from last
             delay = backoff(rounds)
             rounds += 1

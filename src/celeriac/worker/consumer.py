@@ -28,6 +28,7 @@ from .. import states
 from .._net import backoff
 from ..errors import BrokerError, CeleriacError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
+from ..tasks import Request
 from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr
 from .task_events import TaskEvents
@@ -354,6 +355,8 @@ class Consumer:
             self._acks.append(d)
             if events is not None:
                 self._finals.append(events.expired(task_id))
+            if self.app.hooks:
+                self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), True)
             return self._wake.set()
         eta = parse_time(headers.get("eta"))
         if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
@@ -375,6 +378,8 @@ class Consumer:
         self.reserved.append(job)
         if events is not None:
             events.received(headers, d.queue)
+        if self.app.hooks:
+            self.app.hooks.call("task_received", _request(d, self.worker.hostname))
         return None
 
     def _dispatch(self) -> None:
@@ -470,3 +475,14 @@ class Consumer:
         self._pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("broker operation failed", exc_info=task.exception())
+
+
+def _request(d: Delivery, hostname: str) -> Request:
+    """What the main process knows of a task for hooks: its headers (the arguments are
+    decoded only where it runs)."""
+    h = d.message.headers
+    return Request(id=h["id"], task=h["task"], retries=int(h.get("retries") or 0),
+                   eta=h.get("eta"), expires=h.get("expires"), root_id=h.get("root_id"),
+                   parent_id=h.get("parent_id"), group=h.get("group"), hostname=hostname,
+                   delivery_info={"queue": d.queue, "delivery_count": d.delivery_count},
+                   headers=h, called_directly=False)

@@ -168,12 +168,17 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
     tb = "".join(traceback.format_exception(retval)) if failed and (
         backend is not None or task_events) else None
     if backend is not None and state is not None:
-        stored = backend.encode(task_id, state, retval, traceback=tb, retries=request.retries)
+        extended = {"name": task.name, "args": args, "kwargs": kwargs, "worker": hostname,
+                    "queue": queue} if app.settings.result_extended else None
+        stored = backend.encode(task_id, state, retval, traceback=tb, retries=request.retries,
+                                extended=extended)
     if task_events and state is not None:
         shown = (exception_repr(retval), tb) if failed else (result_repr(retval), None)
+    if task.has_handlers:
+        task.call_handlers(request, state, retval)
     if hooks:
         hooks.call("after_task", request, state, retval)
-    _log(task.name, task_id, state, retval, runtime)
+    _log(headers.get("shadow") or task.name, task_id, state, retval, runtime)
     return action, state, reason, runtime, stored, shown
 
 

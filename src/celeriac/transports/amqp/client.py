@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pika
 import pika.exceptions
 
-from ..._net import backoff
+from ..._net import backoff, retry_policy
 from ...errors import BrokerUnavailable, OperationalError
 from ..base import Outgoing
 from . import wire
@@ -230,9 +230,8 @@ class SyncClient:
                     exc.urls if isinstance(exc, _Unreachable) else [self.config.urls[self._good]]))
                 self._drop()
                 attempt += 1
-                limit = self.settings.broker_connection_max_retries
-                if (not retry or not self.settings.broker_connection_retry
-                        or (limit is not None and attempt > limit)):
+                allowed, limit = retry_policy(self.settings)
+                if not retry or not allowed or (limit is not None and attempt > limit):
                     cls = BrokerUnavailable if isinstance(exc, _Unreachable) else OperationalError
                     raise cls(f"{what} failed on {where} after {attempt} attempt(s): "
                               f"{wire.describe(exc)}") from exc

@@ -59,6 +59,15 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
     inbox.start()
     outbox.send(pipes.frame(pipes.UP, str(os.getpid()).encode()))
 
+    try:
+        return _serve(app, inbox, outbox, parent, max_tasks, max_memory_kib, task_events)
+    finally:
+        if app.hooks:
+            app.hooks.call("worker_process_shutdown")
+
+
+def _serve(app: Celeriac, inbox: Inbox, outbox: Outbox, parent: int, max_tasks: int | None,
+           max_memory_kib: int | None, task_events: bool) -> int:
     done_tasks = 0
     while True:
         frame = inbox.next()

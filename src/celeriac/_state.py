@@ -1,0 +1,92 @@
+"""The current app and ``@shared_task``: tasks a library defines before any app exists.
+
+Celery's model, kept because reusable apps (Django apps, libraries) rely on it: every
+``Celeriac`` made becomes the current app (unless ``set_as_current=False``), and a
+shared task is registered with every app, present and future. ``shared_task`` returns a
+proxy that resolves to the current app's task, so ``mylib.tasks.send.delay()`` uses
+whichever app the process configured.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import Celeriac
+    from .tasks import Task
+
+_lock = threading.Lock()
+_apps: weakref.WeakSet[Celeriac] = weakref.WeakSet()
+_current: Celeriac | None = None
+_shared: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+
+
+def register_app(app: Celeriac, make_current: bool) -> None:
+    global _current
+    with _lock:
+        _apps.add(app)
+        if make_current:
+            _current = app
+        shared = list(_shared)
+    for fn, options in shared:
+        app._register(fn, dict(options))
+
+
+def set_current(app: Celeriac) -> None:
+    global _current
+    _current = app
+
+
+def current_app() -> Celeriac:
+    """The app made last (or set with ``app.set_current()``); a default app if none."""
+    app = _current
+    if app is None:
+        from .app import Celeriac
+
+        app = Celeriac()  # registers itself as current
+    return app
+
+
+def shared_task(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """``@shared_task`` / ``@shared_task(bind=True, ...)``: a task of every app."""
+
+    def decorate(f: Callable[..., Any]) -> SharedTask:
+        with _lock:
+            _shared.append((f, dict(options)))
+            apps = list(_apps)
+        for app in apps:
+            app._register(f, dict(options))
+        return SharedTask(f, options)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+class SharedTask:
+    """Stands for the task of this function in the current app."""
+
+    def __init__(self, fn: Callable[..., Any], options: dict[str, Any]) -> None:
+        self._fn = fn
+        self._options = options
+        self.__wrapped__ = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+
+    def _task(self) -> Task[Any, Any]:
+        app = current_app()
+        name = self._options.get("name") or app._default_name(self._fn)
+        task = app.tasks.get(name)
+        if task is None:  # an app made with the registry emptied since: add it back
+            task = app._register(self._fn, dict(self._options))
+        return task
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._task(), attr)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._task()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<shared task {self._fn.__module__}.{self._fn.__qualname__}>"

@@ -1,0 +1,444 @@
+"""Reading configuration the way Celery users write it, and ignoring none of it.
+
+Every one of Celery's 207 settings (``_celery_names``) is one of:
+
+- **implemented**: a ``Settings`` field of the same name;
+- **converted**: a Celery setting expressed in celeriac's terms (``CONVERTED``), e.g.
+  ``worker_disable_prefetch=True`` is ``worker_prefetch_multiplier=1``;
+- **harmless**: a tuning knob of Celery's own machinery that changes no behaviour a user
+  relies on (``HARMLESS``): accepted with one warning per process;
+- **refused**: a behaviour celeriac does not provide (``REFUSED``, with the reason): a
+  ``ConfigurationError``, unless the value is Celery's default (asking for the default
+  asks for nothing).
+
+A name that is none of these (a typo) raises ``ConfigurationError`` with the closest
+known name. ``tests/unit/test_config.py`` holds every Celery name to this.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from ._celery_names import DEFAULTS as CELERY_DEFAULTS
+from ._celery_names import OLD_NAMES
+from .errors import ConfigurationError
+
+logger = logging.getLogger("celeriac.config")
+
+_OTHER_BACKENDS = ("arangodb_", "azureblockblob_", "cassandra_", "cosmosdbsql_",
+                   "couchbase_", "elasticsearch_", "gcs_", "mongodb_", "s3_", "cache_backend",
+                   "database_")
+_BACKENDS_REASON = ("this result backend is not available in celeriac (result_backend may "
+                    "be redis://, postgresql://, sqlite:// or memory://)")
+
+HARMLESS: dict[str, str] = {
+    **dict.fromkeys([
+        "broker_channel_error_retry", "broker_connection_retry_on_startup", "broker_heartbeat",
+        "broker_heartbeat_checkrate", "broker_pool_acquire_timeout", "broker_pool_limit",
+        "broker_native_delayed_delivery_queue_type"],
+        "celeriac manages its broker connections itself (one per process and thread; a "
+        "worker retries forever, a producer per broker_connection_max_retries)"),
+    **dict.fromkeys([
+        "redis_max_connections", "redis_retry_on_timeout", "redis_socket_connect_timeout",
+        "redis_socket_keepalive", "redis_socket_timeout", "redis_backend_health_check_interval",
+        "result_backend_always_retry", "result_backend_base_sleep_between_retries_ms",
+        "result_backend_max_retries", "result_backend_max_sleep_between_retries_ms",
+        "result_backend_transport_options", "result_cache_max", "result_persistent",
+        "result_exchange", "result_exchange_type"],
+        "the result backend's connections and retries are celeriac's own"),
+    **dict.fromkeys([
+        "control_exchange", "control_queue_durable", "control_queue_exclusive",
+        "control_queue_expires", "control_queue_ttl", "event_exchange",
+        "event_queue_durable", "event_queue_exclusive", "event_queue_expires",
+        "event_queue_prefix", "event_queue_ttl", "worker_enable_remote_control"],
+        "events and control use celeriac's own broadcast channels"),
+    **dict.fromkeys([
+        "worker_hijack_root_logger", "worker_log_color", "worker_log_datefmt",
+        "worker_log_format", "worker_redirect_stdouts", "worker_redirect_stdouts_level",
+        "worker_task_log_datefmt", "worker_task_log_format"],
+        "the worker's log format is celeriac's (configure logging in setup_logging)"),
+    **dict.fromkeys([
+        "worker_lost_wait", "worker_pool_putlocks", "worker_pool_restarts",
+        "worker_timer_precision", "worker_eta_task_limit",
+        "worker_enable_prefetch_count_reduction",
+        "worker_cancel_long_running_tasks_on_connection_loss", "worker_detect_quorum_queues",
+        "worker_soft_shutdown_timeout", "worker_enable_soft_shutdown_on_idle",
+        "task_remote_tracebacks", "task_repr_maxlevels", "task_create_missing_queue_type",
+        "task_create_missing_queue_exchange_type", "task_queue_max_priority",
+        "result_accept_content"],
+        "celeriac's worker does this its own way (see the README's Coming from Celery)"),
+    **dict.fromkeys([
+        "beat_cron_starting_deadline", "beat_enable_remote_control", "beat_max_loop_interval",
+        "beat_remote_control_max_tick_age", "beat_schedule_filename", "beat_sync_every"],
+        "kept for celeriac beat's settings; unused until then"),
+    **dict.fromkeys([
+        "result_chord_expires", "result_chord_join_timeout", "result_chord_retry_interval",
+        "task_allow_error_cb_on_chord_header"],
+        "chords are not available yet"),
+}
+"""Accepted, with one warning naming the reason."""
+
+REFUSED: dict[str, str] = {
+    "task_compression": "message compression is not supported",
+    "result_compression": "result compression is not supported",
+    "task_queues": "queues are declared by name (task_routes, -Q); kombu Queue objects are "
+                   "not supported",
+    "task_default_exchange": "messages go to the queue named by task_routes; custom "
+                             "exchanges are not supported",
+    "task_default_exchange_type": "custom exchanges are not supported",
+    "task_default_routing_key": "routing is by queue name (task_routes)",
+    "task_default_delivery_mode": "messages are always persistent",
+    "task_create_missing_queues": "queues are always created on first use",
+    "task_store_eager_result": "eager results are not stored",
+    "task_store_errors_even_if_ignored": "ignored results are never stored",
+    "task_inherit_parent_priority": "priorities are not inherited",
+    "task_acks_on_failure_or_timeout": "a failed task's message is always acknowledged; "
+                                       "use task_max_deliveries for worker loss",
+    "task_acks_on_failure": "a failed task's message is always acknowledged",
+    "task_acks_on_timeout": "a timed-out task's message is always acknowledged",
+    "task_protocol": "celeriac speaks task protocol 2 only",
+    "task_default_queue_type": "set broker_transport_options={'queue_type': 'quorum'}",
+    "worker_direct": "per-worker direct queues are not supported",
+    "worker_state_db": "revoked task ids are not persisted to a local file",
+    "worker_deduplicate_successful_tasks": "not supported: make tasks idempotent",
+    "worker_pool_start_method": "the prefork pool forks",
+    "worker_agent": "custom worker classes are not supported",
+    "worker_autoscaler": "custom worker classes are not supported",
+    "worker_consumer": "custom worker classes are not supported",
+    "worker_timer": "custom worker classes are not supported",
+    "beat_scheduler": "custom beat schedulers are not supported",
+    "broker_use_ssl": "use a rediss:// or amqps:// broker_url",
+    "redis_backend_use_ssl": "use a rediss:// result_backend",
+    "broker_login_method": "AMQP logs in with the URL's user and password",
+    "broker_read_url": "one broker_url serves reads and writes",
+    "broker_write_url": "one broker_url serves reads and writes",
+    "broker_transport": "the transport is the broker_url's scheme",
+    "broker_host": "give the whole broker_url",
+    "broker_port": "give the whole broker_url",
+    "broker_user": "give the whole broker_url",
+    "broker_password": "give the whole broker_url",
+    "broker_vhost": "give the whole broker_url",
+    "redis_host": "give the whole result_backend URL",
+    "redis_port": "give the whole result_backend URL",
+    "redis_db": "give the whole result_backend URL",
+    "redis_username": "give the whole result_backend URL",
+    "redis_password": "give the whole result_backend URL",
+    "security_cert_store": "message signing is not supported",
+    "security_certificate": "message signing is not supported",
+    "security_digest": "message signing is not supported",
+    "security_key": "message signing is not supported",
+    "security_key_password": "message signing is not supported",
+    "event_serializer": "events are JSON",
+    "result_failure_expires": "failed results expire with result_expires",
+}
+"""Refused unless the value is Celery's default (then nothing is asked for)."""
+
+
+def _reject_on_worker_lost(value: Any) -> dict[str, Any]:
+    # Celery's False acks a task whose process died (it fails with WorkerLostError);
+    # one delivery then a dead letter with its FAILURE stored is that, without the loss.
+    return {} if value else {"task_max_deliveries": 1}
+
+
+def _publish_retry_policy(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"task_publish_retry_policy must be a dict, got {type(value).__name__}")
+    if "max_retries" not in value:
+        return {}
+    return {"broker_connection_max_retries": value["max_retries"]}
+
+
+CONVERTED: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "task_reject_on_worker_lost": _reject_on_worker_lost,
+    "task_publish_retry": lambda v: {"broker_connection_retry": v},
+    "task_publish_retry_policy": _publish_retry_policy,
+    "worker_disable_prefetch": lambda v: {"worker_prefetch_multiplier": 1} if v else {},
+}
+"""Celery settings whose meaning celeriac has under other names."""
+
+_warned: set[str] = set()
+
+
+def translate(values: Mapping[str, Any], fields: frozenset[str], source: str
+              ) -> dict[str, Any]:
+    """``values`` (lowercase Celery names) as celeriac settings; warns about harmless
+    ones once, raises ``ConfigurationError`` for refused and unknown ones."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in fields:
+            out[name] = value
+        elif name in CONVERTED:
+            out.update(CONVERTED[name](value))
+        elif name in HARMLESS:
+            if name not in _warned:
+                _warned.add(name)
+                logger.warning("setting %s (from %s) has no effect in celeriac: %s", name,
+                               source, HARMLESS[name])
+        elif name in REFUSED or name.startswith(_OTHER_BACKENDS):
+            if _is_default(name, value):
+                continue
+            reason = REFUSED.get(name) or _BACKENDS_REASON
+            raise ConfigurationError(f"setting {name}={value!r} (from {source}) is not "
+                                     f"supported: {reason}")
+        else:
+            close = difflib.get_close_matches(name, [*fields, *CELERY_DEFAULTS], 1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigurationError(f"unknown setting {name!r} (from {source}){hint}")
+    return out
+
+
+def _is_default(name: str, value: Any) -> bool:
+    default = CELERY_DEFAULTS.get(name)
+    return value == default or (value in (None, (), [], {}) and default in (None, (), [], {}))
+
+
+def from_mapping(values: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
+    """Setting names from a mapping as Celery reads them: with ``namespace="CELERY"``,
+    ``CELERY_TASK_SERIALIZER`` is ``task_serializer`` and other keys are not settings
+    (Django's settings module holds everything); without, lowercase names and Celery's
+    pre-4.0 uppercase names (``CELERYD_CONCURRENCY``, ``BROKER_URL``)."""
+    out: dict[str, Any] = {}
+    if namespace:
+        prefix = namespace.rstrip("_") + "_"
+        for key, value in values.items():
+            if key.startswith(prefix):
+                out[key[len(prefix):].lower()] = value
+        return out
+    for key, value in values.items():
+        if key.startswith("_"):
+            continue
+        if key.islower():
+            out[key] = value
+        elif key in OLD_NAMES:
+            out[OLD_NAMES[key]] = value
+        elif key.isupper() and key.startswith(("CELERY", "BROKER_")):
+            close = difflib.get_close_matches(key, OLD_NAMES, 1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigurationError(f"unknown setting {key!r}{hint}")
+    return out
+
+
+def object_values(obj: object) -> dict[str, Any]:
+    """The settings-like attributes of a module or object: plain values, not the
+    modules, classes and functions a config module imports or defines."""
+    out: dict[str, Any] = {}
+    for name in dir(obj):
+        if name.startswith("_"):
+            continue
+        value = getattr(obj, name)
+        if isinstance(value, (types.ModuleType, type, types.FunctionType,
+                              types.BuiltinFunctionType)):
+            continue
+        out[name] = value
+    return out
+
+
+def module_names(value: Any, name: str) -> tuple[str, ...]:
+    """``include``/``imports``: a module name or an iterable of them."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Iterable) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigurationError(f"{name} must be a module name or a list of them, got {value!r}")
+
+
+# -- values: the forms Celery's docs show, turned into the field's type -------------------
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def coerce(name: str, hint: Any, value: Any) -> Any:
+    """``value`` as the type ``hint`` of setting ``name``: strings of numbers and booleans
+    (the environment, Django settings), lists for tuples, a timedelta for seconds; a
+    ``ConfigurationError`` naming the setting for anything else."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for member in (a for a in args if a is not type(None)):
+            try:
+                return coerce(name, member, value)
+            except ConfigurationError as exc:
+                errors.append(str(exc))
+        raise ConfigurationError(errors[0] if len(errors) == 1 else
+                                 f"{name}={value!r}: expected {_describe(hint)}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in (*_TRUE, *_FALSE):
+            return value.strip().lower() in _TRUE
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, timedelta):
+            return value.total_seconds()
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        item = args[0]
+        if isinstance(value, str) and item is str:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple, set, frozenset)):
+            if item in (int, float, str):
+                return tuple(coerce(name, item, v) for v in value)
+            return tuple(value)
+    elif origin in (Mapping, dict) or hint is Mapping:
+        if isinstance(value, Mapping):
+            return value
+    elif origin is Callable or hint is Callable:
+        if callable(value):
+            return value
+    else:
+        return value  # a type this function does not police (validated by its field)
+    raise ConfigurationError(f"{name}={value!r}: expected {_describe(hint)}, got "
+                             f"{type(value).__name__}")
+
+
+def _describe(hint: Any) -> str:
+    text = getattr(hint, "__name__", None) or str(hint)
+    return text.replace("typing.", "").replace("collections.abc.", "")
+
+
+# -- task_routes and task_annotations in Celery's forms ---------------------------------
+Router = Callable[[str], "str | None"]
+
+
+def routers(value: Any) -> tuple[Router, ...]:
+    """``task_routes`` as Celery takes it (a dict, a router function, or a list of those,
+    tried in order), turned into functions of the task name that return a queue."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(_router(item) for item in items)
+
+
+def _router(item: Any) -> Router:
+    if isinstance(item, Mapping):
+        table = {pattern: _route_queue(pattern, target) for pattern, target in item.items()}
+        exact = {k: v for k, v in table.items() if not any(c in k for c in "*?[")}
+        globs = [(k, v) for k, v in table.items() if k not in exact]
+
+        def by_table(task: str) -> str | None:
+            import fnmatch
+
+            if task in exact:
+                return exact[task]
+            return next((q for pattern, q in globs if fnmatch.fnmatchcase(task, pattern)),
+                        None)
+        return by_table
+    if callable(item):
+        try:
+            positional = [p for p in inspect.signature(item).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            positional = []
+        if len(positional) >= 4:
+            # Celery's router signature: (name, args, kwargs, options, task=None, **kw).
+            def celery_router(task: str) -> str | None:
+                return _route_result(task, item(task, (), {}, {}))
+            return celery_router
+        return lambda task: _route_result(task, item(task))
+    raise ConfigurationError(f"task_routes: expected a dict, a router function or a list "
+                             f"of them, got {type(item).__name__}")
+
+
+def _route_queue(pattern: Any, target: Any) -> str:
+    if not isinstance(pattern, str):
+        raise ConfigurationError(f"task_routes: keys are task names or glob patterns, got "
+                                 f"{pattern!r}")
+    queue = _route_result(pattern, target)
+    if queue is None:
+        raise ConfigurationError(f"task_routes[{pattern!r}]: no queue in {target!r}")
+    return queue
+
+
+def _route_result(task: str, target: Any) -> str | None:
+    if target is None or isinstance(target, str):
+        return target or None
+    if isinstance(target, Mapping):
+        unknown = set(target) - {"queue", "routing_key", "exchange", "priority"}
+        if unknown:
+            raise ConfigurationError(f"task_routes for {task!r}: {sorted(unknown)} not "
+                                     "supported (a route names a queue)")
+        queue = target.get("queue") or target.get("routing_key")
+        exchange = target.get("exchange")
+        if exchange not in (None, "", queue):
+            raise ConfigurationError(f"task_routes for {task!r}: exchange {exchange!r} is "
+                                     "not supported (messages go to the named queue)")
+        return str(queue) if queue else None
+    raise ConfigurationError(f"task_routes for {task!r}: expected a queue name or a dict "
+                             f"with 'queue', got {target!r}")
+
+
+ANNOTATABLE = frozenset({
+    "rate_limit", "time_limit", "soft_time_limit", "max_retries", "default_retry_delay",
+    "acks_late", "ignore_result", "track_started", "serializer", "priority", "queue",
+    "autoretry_for", "retry_backoff", "retry_backoff_max", "retry_jitter", "expires"})
+
+
+def annotators(value: Any) -> tuple[Callable[[str], Mapping[str, Any]], ...]:
+    """``task_annotations`` (a dict of task name or ``"*"`` to options, an object with
+    ``annotate(task)``, or a list of those) as functions of the task name."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    out: list[Callable[[str], Mapping[str, Any]]] = []
+    for item in items:
+        if isinstance(item, Mapping):
+            for key, options in item.items():
+                _check_annotation(str(key), options)
+            out.append(_by_table(dict(item)))
+        elif callable(getattr(item, "annotate", None)):
+            out.append(_by_object(item))
+        else:
+            raise ConfigurationError(f"task_annotations: expected a dict or an object with "
+                                     f"annotate(task), got {type(item).__name__}")
+    return tuple(out)
+
+
+def _by_table(table: dict[str, Any]) -> Callable[[str], Mapping[str, Any]]:
+    def annotate(task: str) -> Mapping[str, Any]:
+        return {**table.get("*", {}), **table.get(task, {})}
+    return annotate
+
+
+def _by_object(item: Any) -> Callable[[str], Mapping[str, Any]]:
+    def annotate(task: str) -> Mapping[str, Any]:
+        return _checked(task, item.annotate(task))
+    return annotate
+
+
+def _checked(task: str, options: Any) -> Mapping[str, Any]:
+    if options is None:
+        return {}
+    _check_annotation(task, options)
+    return dict(options)
+
+
+def _check_annotation(task: str, options: Any) -> None:
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(f"task_annotations[{task!r}] must be a dict of task "
+                                 f"options, got {options!r}")
+    unknown = set(options) - ANNOTATABLE
+    if unknown:
+        raise ConfigurationError(
+            f"task_annotations[{task!r}]: {', '.join(sorted(unknown))} cannot be annotated "
+            f"(task options that can: {', '.join(sorted(ANNOTATABLE))})")
