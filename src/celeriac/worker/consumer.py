@@ -176,7 +176,11 @@ class Consumer:
             return 0
         limit = self.prefetch_limit
         in_hand = len(self.deliveries)
-        return limit - in_hand if in_hand <= limit // 2 else 0
+        # Above the low-water mark too while a child is idle with nothing reserved for
+        # it: with multiplier 1 (limit = pool size), or children the autoscaler just
+        # added, waiting for half the pool to finish would leave it idle for a whole task.
+        idle = in_hand < limit and not self.reserved and self.pool.free_slots()
+        return limit - in_hand if in_hand <= limit // 2 or idle else 0
 
     async def _run_pump(self) -> None:
         while True:
@@ -403,6 +407,7 @@ class Consumer:
 
     def on_slot(self) -> None:
         self._dispatch()
+        self._wake.set()  # a child came up (the pool grew): the pump may fetch for it
 
     def on_job_started(self, job: Job) -> None:
         if self.events is not None:

@@ -1,0 +1,1 @@
+"""Integrations with other tools (``celeriac.contrib.pytest``: the pytest plugin)."""
