@@ -6,19 +6,19 @@ import asyncio
 import importlib
 import logging
 import os
-from dataclasses import fields
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from . import _state, config, serialization, signals
 from . import result as _result
+from ._net import retrying
 from .backends.base import ResultBackend, create_backend
 from .errors import ConfigurationError, EncodeError
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
 from .settings import Conf, Settings
-from ._net import retrying
 from .tasks import Task, TaskOptions, args_repr, current_request
 from .transports.base import Outgoing, Publisher, Transport, create_transport
 
@@ -294,8 +294,8 @@ class Celeriac:
             changes.update(annotate(task.name))
         if changes:
             task.options = _task_options(task.name, {
-                **{f.name: getattr(task.options, f.name) for f in fields(TaskOptions)},
-                **changes})
+                **{f.name: getattr(task.options, f.name) for f in fields(TaskOptions)
+                   if f.name != "name"}, **changes})
 
     def _default_name(self, fn: Callable[..., Any]) -> str:
         module = fn.__module__
@@ -360,13 +360,12 @@ class Celeriac:
         ``retry_policy`` (``max_retries``) govern this publish's reconnection attempts;
         ``shadow`` is the name logs and events show. ``link``, ``link_error`` and
         ``compression`` raise ``ConfigurationError``: not supported yet, nothing sent."""
-        for option, value in (("link", link), ("link_error", link_error),
-                              ("compression", compression)):
+        for option, value, why in (("link", link, "callbacks come with canvas"),
+                                   ("link_error", link_error, "callbacks come with canvas"),
+                                   ("compression", compression, "messages are not compressed")):
             if value is not None:
-                raise ConfigurationError(
-                    f"send_task({name!r}): {option}= is not supported yet "
-                    f"({'callbacks come with canvas' if option != 'compression' else 'messages are not compressed'}); "
-                    "nothing was sent")
+                raise ConfigurationError(f"send_task({name!r}): {option}= is not supported "
+                                         f"yet ({why}); nothing was sent")
         if exchange not in (None, ""):
             raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
                                      "supported: messages go to the queue named by queue= "
@@ -521,13 +520,8 @@ TASK_OPTIONS = frozenset(f.name for f in fields(TaskOptions)) - {"name"}
 _MISSING: Any = object()
 
 
-def _class_default(base: type, option: str) -> Any:
-    for klass in base.__mro__:
-        if klass is Task:
-            break
-        if option in vars(klass):
-            return vars(klass)[option]
-    return _MISSING
+def _class_default(base: type[Task[Any, Any]], option: str) -> Any:
+    return base.option_defaults.get(option, _MISSING)
 
 
 def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:

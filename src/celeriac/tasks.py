@@ -9,9 +9,9 @@ import random
 import reprlib
 import traceback as tb
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from . import states
 from .backends.base import ResultMeta
@@ -98,6 +98,19 @@ class Task(Generic[P, R]):
     (``max_retries = 5``, ``acks_late = True``, ``rate_limit = "10/m"``...) are defaults,
     and Celery's handlers below run where the task runs (a handler that raises is
     logged; the task's outcome stands)."""
+
+    option_defaults: ClassVar[dict[str, Any]] = {}
+    """Task options a subclass sets as class attributes (defaults for its tasks)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        names = {f.name for f in fields(TaskOptions)} - {"name"}
+        own = {k: v for k, v in vars(cls).items() if k in names}
+        cls.option_defaults = {**cls.option_defaults, **own}
+        for name in own.keys() & {"max_retries", "acks_late", "ignore_result"}:
+            # The property resolves options, annotations and settings in one place; a
+            # class attribute of the same name would hide it.
+            delattr(cls, name)
 
     def __init__(self, app: Celeriac, fn: Callable[..., R], options: TaskOptions) -> None:
         self.app = app
@@ -282,24 +295,32 @@ class Task(Generic[P, R]):
             request = Request(id=task_id, task=self.name, args=args, kwargs=kwargs,
                               retries=retries, root_id=task_id, is_eager=True,
                               called_directly=False)
+            hooks = self.app.hooks
+            if hooks:
+                hooks.call("before_task", request)
             try:
                 value = self.run_with(request, args, kwargs)
                 meta = ResultMeta(task_id, states.SUCCESS, value)
-            except Retry:
+            except Retry as r:
+                self._ended(request, states.RETRY, r.exc or r)
                 retries += 1
                 continue
             except Ignore:
                 meta = ResultMeta(task_id, states.SUCCESS, None)
             except Exception as exc:
                 meta = ResultMeta(task_id, states.FAILURE, exc, tb.format_exc(), retries=retries)
-                if self.has_handlers:
-                    self.call_handlers(request, states.FAILURE, exc)
+                self._ended(request, states.FAILURE, exc)
                 if self.app.settings.task_eager_propagates:
                     raise
                 return EagerResult(task_id, self.app, self.name, meta)
-            if self.has_handlers:
-                self.call_handlers(request, meta.state, meta.result)
+            self._ended(request, meta.state, meta.result)
             return EagerResult(task_id, self.app, self.name, meta)
+
+    def _ended(self, request: Request, state: str, retval: Any) -> None:
+        if self.has_handlers:
+            self.call_handlers(request, state, retval)
+        if self.app.hooks:
+            self.app.hooks.call("after_task", request, state, retval)
 
     # -- retrying -----------------------------------------------------------------------
     def retry(

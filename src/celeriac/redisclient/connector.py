@@ -40,7 +40,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
-from .._net import backoff, retry_policy, mask_password
+from .._net import backoff, mask_password, retry_policy
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
 from .lanes import AsyncLane, SyncLane, lane_params, sha1
 
