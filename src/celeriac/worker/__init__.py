@@ -111,9 +111,11 @@ class Worker:
 
     def flush_task_events(self) -> None:
         """Send the consumer's pending task events now (before worker-offline)."""
-        consumer = self.steps.get(ConsumerStep)
-        if isinstance(consumer, ConsumerStep) and consumer.consumer.events is not None:
-            consumer.consumer.events.flush()
+        step = self.steps.get(ConsumerStep)
+        # A start that failed before the consumer existed has nothing to flush.
+        consumer = getattr(step, "consumer", None) if isinstance(step, ConsumerStep) else None
+        if consumer is not None and consumer.events is not None:
+            consumer.events.flush()
 
     # -- running ------------------------------------------------------------------------
     def run(self) -> int:

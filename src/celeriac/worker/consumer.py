@@ -12,6 +12,10 @@ script on Redis when the results live on the broker's server). Completions gathe
 exchange is in flight, so batches grow with the load and a lone task is settled at once.
 When the queues are empty, a sleeper waits in the broker while the pump goes on settling.
 Ordering: a result is stored before, or in the same script as, its message's ack.
+
+Rate limits (ratelimit.py): ``_dispatch`` asks the ``RateLimiter`` about each job of a
+limited task; one without a token is held there, outside ``reserved`` and the pool, and
+the Timer brings it back when its token accrues. Unlimited tasks pay one dict lookup.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..protocol import Delivery, parse_time, utcnow
 from ..tasks import Request
 from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr
+from .ratelimit import RateLimiter
 from .task_events import TaskEvents
 
 if TYPE_CHECKING:
@@ -87,6 +92,8 @@ class Consumer:
         """When the pump began holding what is waiting to be settled (``_linger``)."""
         self._executor: ThreadPoolExecutor | None = None
         self.admission = Admission(self.app)
+        # Parses every task's rate limit now: a bad one stops the worker at its start.
+        self.limiter = RateLimiter(self.app, worker.timer, self._rate_due)
 
     @property
     def prefetch_limit(self) -> int:
@@ -130,7 +137,8 @@ class Consumer:
 
     async def give_back_reserved(self) -> int:
         """Return prefetched messages that never started; their delivery is not counted."""
-        jobs = list(self.reserved)
+        # Jobs held by their rate limit are prefetched messages that never started too.
+        jobs = list(self.reserved) + self.limiter.drain()
         self.reserved.clear()
         if jobs:
             await self.transport.requeue([self.deliveries.pop(j.seq) for j in jobs],
@@ -175,7 +183,9 @@ class Consumer:
         if not self._fetching or self._sleeper is not None:
             return 0
         limit = self.prefetch_limit
-        in_hand = len(self.deliveries)
+        # Held rate-limited messages do not count (up to a bound): they must not stop
+        # the fetches that bring other tasks' messages from behind them.
+        in_hand = len(self.deliveries) - self.limiter.budget_exempt(limit)
         # Above the low-water mark too while a child is idle with nothing reserved for
         # it: with multiplier 1 (limit = pool size), or children the autoscaler just
         # added, waiting for half the pool to finish would leave it idle for a whole task.
@@ -236,7 +246,7 @@ class Consumer:
         is running, so nothing is worth waiting for."""
         if self._closing or pending >= LINGER_BATCH:
             return False
-        in_pool = len(self.deliveries) - len(self.reserved)
+        in_pool = len(self.deliveries) - len(self.reserved) - self.limiter.held
         if in_pool <= 0:
             return False
         now = self.loop.time()
@@ -353,15 +363,7 @@ class Consumer:
         now = utcnow()
         expires = parse_time(headers.get("expires"))
         if expires is not None and expires <= now:
-            logger.info("Task %s[%s] expired at %s; revoked", name, task_id, expires)
-            self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
-                         "exc_module": "celeriac.errors", "exc_message": ["expired"]})
-            self._acks.append(d)
-            if events is not None:
-                self._finals.append(events.expired(task_id))
-            if self.app.hooks:
-                self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), True)
-            return self._wake.set()
+            return self._revoke_expired(d, name, task_id, expires)
         eta = parse_time(headers.get("eta"))
         if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
             # A producer that sets eta without using the broker's delay store (a Celery
@@ -386,11 +388,35 @@ class Consumer:
             self.app.hooks.call("task_received", _request(d, self.worker.hostname))
         return None
 
+    def _revoke_expired(self, d: Delivery, name: str, task_id: str, expires: object) -> None:
+        logger.info("Task %s[%s] expired at %s; revoked", name, task_id, expires)
+        self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
+                     "exc_module": "celeriac.errors", "exc_message": ["expired"]})
+        self._acks.append(d)
+        if self.events is not None:
+            self._finals.append(self.events.expired(task_id))
+        if self.app.hooks:
+            self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), True)
+        self._wake.set()
+
     def _dispatch(self) -> None:
         pool = self.pool
+        limiter = self.limiter
+        if limiter.due:
+            # Held jobs whose token accrued go first, each with its token, in order;
+            # those that expired while held are revoked as on arrival.
+            for job in limiter.release(self.reserved, pool.free_slots() + pool.queue_slots()):
+                self._revoke_expired(self.deliveries.pop(job.seq), job.headers["task"],
+                                     job.headers["id"], parse_time(job.headers["expires"]))
+        limits = limiter.limits
         while self.reserved and (pool.free_slots() or pool.queue_slots()):
             job = self.reserved.popleft()
-            task = self.app.tasks[job.headers["task"]]
+            name = job.headers["task"]
+            # The only cost of rate limits to an unlimited task: this lookup (None).
+            limit = limits[name]
+            if limit is not None and not limiter.admit(limit, job):
+                continue  # held until its token accrues; the jobs behind it go on
+            task = self.app.tasks[name]
             if not task.acks_late:
                 # At-most-once: the message is gone before the task runs.
                 self._acks.append(self.deliveries[job.seq])
@@ -409,12 +435,19 @@ class Consumer:
         self._dispatch()
         self._wake.set()  # a child came up (the pool grew): the pump may fetch for it
 
+    def _rate_due(self) -> None:
+        # The Timer's call: a held job's token accrued. Not once stopping: a warm stop
+        # gives held jobs back, a cold one has killed the pool.
+        if self._fetching:
+            self._dispatch()
+
     def on_job_started(self, job: Job) -> None:
         if self.events is not None:
             self.events.started(job.headers["id"])
 
     def on_job_returned(self, job: Job) -> None:
         """A job the pool took and never started: first in line again."""
+        self.limiter.returned(job)  # it keeps the rate-limit token it took
         self.reserved.appendleft(job)
         if self._fetching:  # a warm stop gives it back with the other reserved ones
             self._dispatch()
