@@ -16,6 +16,7 @@ from .dashboard import dashboard
 from .dead import dead
 from .events import events
 from .loader import AppLoader
+from .multi import multi
 from .report import report
 from .shell import shell
 from .tasks import call, purge, result
@@ -41,5 +42,5 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 
 
 for _command in (worker, call, result, purge, dead, events, dashboard, report,
-                 shell):
+                 shell, multi):
     main.add_command(_command)

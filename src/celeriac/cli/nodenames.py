@@ -61,7 +61,8 @@ def simple_format(s: str, keys: Mapping[str, str | Callable[[], str]]) -> str:
     def resolve(match: re.Match[str]) -> str:
         key = match.group(1)
         if key == "%":
-            return "%"
+            value = keys.get("%", "%")  # `multi` keeps it escaped for the worker
+            return value() if callable(value) else value
         try:
             value = keys[key]
         except KeyError:
@@ -71,24 +72,26 @@ def simple_format(s: str, keys: Mapping[str, str | Callable[[], str]]) -> str:
     return _FORMAT.sub(resolve, s)
 
 
-def host_format(s: str, host: str | None = None, name: str | None = None, index: int = 0,
-                **extra: str) -> str:
-    """Expand ``%h %n %d %i %I`` (and ``extra`` keys) in ``s``."""
+def host_format(s: str, host: str | None = None, name: str | None = None, *,
+                index: int = 0, extra: Mapping[str, str] | None = None) -> str:
+    """Expand ``%h %n %d %i %I`` (and ``extra`` keys, which win) in ``s``."""
     host = host or gethostname()
     short, _, domain = host.partition(".")
     keys: dict[str, str | Callable[[], str]] = {
         "h": host, "n": name or short, "d": domain,
         "i": _index(index, "", "0"), "I": _index(index, "-", ""),
     }
-    keys.update(extra)
+    keys.update(extra or {})
     return simple_format(s, keys)
 
 
-def node_format(s: str, node: str, index: int = 0, **extra: str) -> str:
+def node_format(s: str, node: str, *, index: int = 0,
+                extra: Mapping[str, str] | None = None) -> str:
     """Expand ``s`` for node ``node``: ``%n`` is the node's name, ``%h`` its host,
     ``%p`` the whole node name."""
     name, host = nodesplit(node)
-    return host_format(s, host, name or NODENAME_DEFAULT, index, p=node, **extra)
+    return host_format(s, host, name or NODENAME_DEFAULT, index=index,
+                       extra={"p": node, **(extra or {})})
 
 
 def worker_hostname(value: str | None) -> str:
