@@ -16,6 +16,9 @@ from .dashboard import dashboard
 from .dead import dead
 from .events import events
 from .loader import AppLoader
+from .multi import multi
+from .report import report
+from .shell import shell
 from .tasks import call, purge, result
 from .worker import worker
 
@@ -38,5 +41,6 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
     ctx.obj = AppLoader(app_spec)
 
 
-for _command in (worker, call, result, purge, dead, events, dashboard):
+for _command in (worker, call, result, purge, dead, events, dashboard, report,
+                 shell, multi):
     main.add_command(_command)

@@ -11,15 +11,43 @@ import click
 from ..worker import Worker
 from ..worker.pool import POOLS
 from .loader import AppLoader
+from .nodenames import node_format, worker_hostname
+from .pidfile import Pidfile
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s",
-    )
+FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s"
+
+
+def setup_logging(level: str, logfile: str | None = None) -> None:
+    """Log to stderr, or to ``logfile``: opened for appending, so that the prefork
+    children, which inherit the handler, and a restarted worker add to it."""
+    if logfile is None:
+        logging.basicConfig(level=level.upper(), stream=sys.stderr, format=FORMAT)
+        return
+    try:
+        handler = logging.FileHandler(logfile, mode="a", encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot open log file {logfile}: {exc.strerror}") from None
+    logging.basicConfig(level=level.upper(), handlers=[handler], format=FORMAT)
+
+
+def _hostname(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    try:
+        return worker_hostname(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} in {value!r}") from None
+
+
+def expand(template: str | None, node: str, param: str) -> str | None:
+    """``--logfile``/``--pidfile`` expanded for this node, in the main process."""
+    if template is None:
+        return None
+    try:
+        return node_format(template, node)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} in {template!r}", param_hint=param) from None
 
 
 def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
@@ -41,7 +69,13 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("-Q", "--queues", default=None, help="Comma-separated queues to consume.")
 @click.option("-l", "--loglevel", type=click.Choice(LEVELS, case_sensitive=False),
               default="warning", show_default=True)
-@click.option("-n", "--hostname", default=None, help="Node name (default celeriac@host).")
+@click.option("-n", "--hostname", default=None, callback=_hostname,
+              help="Node name, e.g. w1@%h (default celeriac@%h).")
+@click.option("-f", "--logfile", default=None,
+              help="Log to this file instead of stderr, e.g. %n.log.")
+@click.option("--pidfile", default=None,
+              help="Write the pid here, e.g. %n.pid; refuse to start if it names a "
+                   "running process.")
 @click.option("-P", "--pool", type=click.Choice(sorted(POOLS)), default=None,
               help="Execution pool (default: worker_pool setting, prefork).")
 @click.option("--autoscale", callback=_autoscale, default=None, metavar="MAX,MIN",
@@ -58,22 +92,40 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
               help="Send no worker-online/-heartbeat/-offline events.")
 @click.pass_obj
 def worker(load: AppLoader, concurrency: int | None, queues: str | None, loglevel: str,
-           hostname: str | None, pool: str | None, autoscale: tuple[int, int] | None,
+           hostname: str, logfile: str | None, pidfile: str | None, pool: str | None,
+           autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
            time_limit: float | None, soft_time_limit: float | None,
            task_events: bool | None, without_heartbeat: bool) -> None:
-    """Start a worker that executes tasks."""
-    setup_logging(loglevel)
-    app = load()
-    overrides: dict[str, Any] = {
-        "worker_max_tasks_per_child": max_tasks_per_child,
-        "worker_max_memory_per_child": max_memory_per_child,
-        "task_time_limit": time_limit, "task_soft_time_limit": soft_time_limit,
-    }
-    app.settings = app.settings.replace(**{k: v for k, v in overrides.items() if v is not None})
-    app.transport.ping()  # fail now, in one line, on a bad or unreachable broker
-    queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
-    w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list, pool=pool,
-               autoscale=autoscale, task_events=task_events or None,
-               heartbeat=False if without_heartbeat else None)
-    sys.exit(w.run())
+    """Start a worker that executes tasks.
+
+    In -n, --logfile and --pidfile: %h host name, %n name (w1 of w1@host), %d domain,
+    %p node name, %i/%I process index (0/empty), %% a percent sign.
+    """
+    setup_logging(loglevel, expand(logfile, hostname, "--logfile"))
+    lock = Pidfile(path) if (path := expand(pidfile, hostname, "--pidfile")) else None
+    if lock is not None:
+        lock.check()  # before connecting anywhere: a second worker fails fast
+    try:
+        app = load()
+        overrides: dict[str, Any] = {
+            "worker_max_tasks_per_child": max_tasks_per_child,
+            "worker_max_memory_per_child": max_memory_per_child,
+            "task_time_limit": time_limit, "task_soft_time_limit": soft_time_limit,
+        }
+        app.settings = app.settings.replace(
+            **{k: v for k, v in overrides.items() if v is not None})
+        app.transport.ping()  # fail now, in one line, on a bad or unreachable broker
+        if lock is not None:
+            # Written once the broker answers: `celeriac multi start` takes the file for
+            # "started".
+            lock.acquire()
+        queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+        w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list,
+                   pool=pool, autoscale=autoscale, task_events=task_events or None,
+                   heartbeat=False if without_heartbeat else None)
+        code = w.run()
+    finally:
+        if lock is not None:
+            lock.release()
+    sys.exit(code)
