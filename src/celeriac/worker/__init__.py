@@ -53,6 +53,9 @@ class Worker:
             raise ValueError(f"pool must be one of {sorted(POOLS)}, got {pool!r}")
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        # Imports include= and autodiscovered modules now: before the pool forks, and
+        # before a message names a task only they register.
+        app.finalize()
         self.app = app
         self.hostname = hostname or f"celeriac@{socket.gethostname()}"
         self.id = f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
