@@ -40,7 +40,7 @@ def set_current(app: Celeriac) -> None:
     _current = app
 
 
-def current_app() -> Celeriac:
+def get_current_app() -> Celeriac:
     """The app made last (or set with ``app.set_current()``); a default app if none."""
     app = _current
     if app is None:
@@ -75,7 +75,7 @@ class SharedTask:
         self.__name__ = fn.__name__
 
     def _task(self) -> Task[Any, Any]:
-        app = current_app()
+        app = get_current_app()
         name = self._options.get("name") or app._default_name(self._fn)
         task = app.tasks.get(name)
         if task is None:  # an app made with the registry emptied since: add it back
@@ -90,3 +90,17 @@ class SharedTask:
 
     def __repr__(self) -> str:
         return f"<shared task {self._fn.__module__}.{self._fn.__qualname__}>"
+
+
+class _CurrentApp:
+    """``celeriac.current_app``: stands for the current app, as Celery's does
+    (``current_app.send_task(...)``, ``current_app.conf``)."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(get_current_app(), attr)
+
+    def __repr__(self) -> str:
+        return f"<current app: {get_current_app()!r}>"
+
+
+current_app: Any = _CurrentApp()

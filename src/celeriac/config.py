@@ -158,6 +158,7 @@ def _publish_retry_policy(value: Any) -> dict[str, Any]:
 
 CONVERTED: dict[str, Callable[[Any], dict[str, Any]]] = {
     "task_reject_on_worker_lost": _reject_on_worker_lost,
+    "task_retry_on_worker_lost": _reject_on_worker_lost,
     "task_publish_retry": lambda v: {"broker_connection_retry": v},
     "task_publish_retry_policy": _publish_retry_policy,
     "worker_disable_prefetch": lambda v: {"worker_prefetch_multiplier": 1} if v else {},

@@ -1,0 +1,193 @@
+"""Every one of Celery's setting names is implemented, converted, harmless (one warning)
+or refused with a clear message: none is ignored in silence, from any source."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from celeriac import Celeriac, ConfigurationError, Settings
+from celeriac import config as config_module
+from celeriac._celery_names import DEFAULTS as CELERY_DEFAULTS
+from celeriac._celery_names import OLD_NAMES
+from celeriac.config import CONVERTED, HARMLESS, REFUSED
+
+FIELDS = {f.name for f in dataclasses.fields(Settings)}
+BACKEND_PREFIXES = config_module._OTHER_BACKENDS
+
+
+def disposition(name: str) -> str:
+    if name in FIELDS:
+        return "implemented"
+    if name in CONVERTED:
+        return "converted"
+    if name in HARMLESS:
+        return "harmless"
+    if name in REFUSED or name.startswith(BACKEND_PREFIXES):
+        return "refused"
+    return "ignored"
+
+
+def other_than(default: Any) -> Any:
+    """A value that differs from Celery's default: asking for something."""
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default + 7
+    if isinstance(default, str):
+        return default + "-changed"
+    if isinstance(default, (list, tuple)):
+        return ["changed"]
+    if isinstance(default, dict):
+        return {"changed": 1}
+    return "changed"
+
+
+@pytest.mark.parametrize("name", sorted(CELERY_DEFAULTS))
+def test_every_celery_setting_has_a_disposition(name: str) -> None:
+    assert disposition(name) != "ignored", f"{name} would be ignored in silence"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CELERY_DEFAULTS
+                                        if disposition(n) == "refused"))
+def test_refused_settings_raise_naming_the_setting_and_why(name: str) -> None:
+    value = other_than(CELERY_DEFAULTS[name])
+    with pytest.raises(ConfigurationError, match=rf"setting {name}=.* is not supported: \w"):
+        Settings().replace(**{name: value})
+    # Asking for Celery's default asks for nothing: accepted.
+    Settings().replace(**{name: CELERY_DEFAULTS[name]})
+
+
+@pytest.mark.parametrize("name", sorted(HARMLESS))
+def test_harmless_settings_warn_once_with_the_reason(
+        name: str, caplog: pytest.LogCaptureFixture) -> None:
+    config_module._warned.discard(name)
+    with caplog.at_level(logging.WARNING, logger="celeriac.config"):
+        Settings().replace(**{name: other_than(CELERY_DEFAULTS.get(name))})
+        Settings().replace(**{name: other_than(CELERY_DEFAULTS.get(name))})
+    lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(lines) == 1 and "has no effect in celeriac" in lines[0]
+
+
+def test_a_typo_is_an_error_with_the_closest_name() -> None:
+    with pytest.raises(ConfigurationError, match="did you mean task_serializer"):
+        Settings().replace(taks_serializer="json")
+    with pytest.raises(ConfigurationError, match="did you mean CELERY_TASK_SERIALIZER"):
+        Settings.from_object({"CELERY_TASK_SERIALISER": "json"})
+
+
+def test_converted_settings_mean_what_celery_means() -> None:
+    s = Settings().replace(worker_disable_prefetch=True, task_publish_retry=False,
+                           task_publish_retry_policy={"max_retries": 9},
+                           task_reject_on_worker_lost=False)
+    assert s.worker_prefetch_multiplier == 1
+    assert s.broker_connection_retry is False
+    assert s.broker_connection_max_retries == 9
+    assert s.task_max_deliveries == 1
+
+
+def test_values_in_the_forms_celerys_docs_show() -> None:
+    s = Settings(worker_concurrency="4", task_acks_late="false", accept_content=["json"],
+                 result_expires=timedelta(hours=1), task_time_limit="30",
+                 worker_autoscale=[4, 1], include=["a.tasks"])
+    assert (s.worker_concurrency, s.task_acks_late, s.accept_content) == (4, False, ("json",))
+    assert (s.result_expires, s.task_time_limit) == (3600.0, 30.0)
+    assert (s.worker_autoscale, s.include) == ((4, 1), ("a.tasks",))
+    assert hash(s.accept_content)  # a list made every result read fail (unhashable)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"worker_concurrency": "four"}, "worker_concurrency='four': expected int"),
+    ({"task_serializer": "yaml"}, "task_serializer: unknown serializer 'yaml'"),
+    ({"accept_content": ["json", "yaml"]}, "accept_content: unknown serializer 'yaml'"),
+    ({"task_acks_late": "perhaps"}, "task_acks_late='perhaps': expected bool"),
+    ({"task_routes": {"a": {"queue": "q", "exchange": "x"}}}, "exchange 'x' is not supported"),
+    ({"task_routes": {"a": {"delivery_mode": 1}}}, r"\['delivery_mode'\] not supported"),
+    ({"task_annotations": {"a": {"on_failure": print}}}, "on_failure cannot be annotated"),
+    ({"task_default_rate_limit": "fast"}, "task_default_rate_limit: "),
+])
+def test_bad_values_are_refused_at_load_naming_the_setting(changes: dict[str, Any],
+                                                           message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Settings().replace(**changes)
+
+
+def test_a_module_an_object_and_a_dict_are_read_alike() -> None:
+    module = types.ModuleType("proj_config")
+    module.task_serializer = "json"  # type: ignore[attr-defined]
+    module.worker_concurrency = 3  # type: ignore[attr-defined]
+    module.timedelta = timedelta  # type: ignore[attr-defined]  # an import: not a setting
+
+    class Config:
+        task_serializer = "json"
+        worker_concurrency = 3
+
+    for source in (module, Config, {"task_serializer": "json", "worker_concurrency": 3}):
+        assert Settings.from_object(source).worker_concurrency == 3
+    module.beat_scheduel = {}  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match=r"unknown setting 'beat_scheduel'.*beat_schedule"):
+        Settings.from_object(module)
+
+
+def test_django_namespace_and_celerys_old_uppercase_names() -> None:
+    django = {"CELERY_BROKER_URL": "memory://ns", "CELERY_TASK_ACKS_LATE": False,
+              "DEBUG": True, "INSTALLED_APPS": ["x"], "SECRET_KEY": "s"}
+    s = Settings.from_object(django, namespace="CELERY")
+    assert (s.broker_url, s.task_acks_late) == ("memory://ns", False)
+    old = {"BROKER_URL": "memory://old", "CELERYD_CONCURRENCY": 2,
+           "CELERY_ALWAYS_EAGER": True}
+    s = Settings.from_object(old)
+    assert (s.broker_url, s.worker_concurrency, s.task_always_eager) == (
+        "memory://old", 2, True)
+    assert OLD_NAMES["CELERYD_PREFETCH_MULTIPLIER"] == "worker_prefetch_multiplier"
+
+
+def test_the_environment_refuses_celery_settings_celeriac_does_not_do() -> None:
+    s = Settings.from_env({"CELERIAC_WORKER_CONCURRENCY": "2", "CELERIAC_APP": "proj"})
+    assert s.worker_concurrency == 2
+    with pytest.raises(ConfigurationError, match="task_compression"):
+        Settings.from_env({"CELERIAC_TASK_COMPRESSION": "gzip"})
+
+
+def test_app_conf_reads_and_changes_until_finalized() -> None:
+    app = Celeriac("conf", broker="memory://conf")
+    app.conf.task_default_queue = "jobs"
+    app.conf.update({"task_acks_late": False}, worker_concurrency="2")
+    app.conf["task_default_priority"] = 3
+    assert (app.conf.task_default_queue, app.conf["task_acks_late"]) == ("jobs", False)
+    assert (app.settings.worker_concurrency, app.conf.get("task_default_priority")) == (2, 3)
+    assert "broker_url" in app.conf and app.conf.get("nope", 1) == 1
+    app.finalize()
+    with pytest.raises(ConfigurationError, match="frozen once it is finalized"):
+        app.conf.task_default_queue = "other"
+    app.close()
+
+
+def test_config_from_object_by_name_with_namespace(tmp_path: Any, monkeypatch: Any) -> None:
+    (tmp_path / "portcfg.py").write_text(
+        "CELERY_BROKER_URL = 'memory://portcfg'\nCELERY_TASK_ROUTES = "
+        "{'mail.*': {'queue': 'email'}}\nDEBUG = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = Celeriac("port")
+    app.config_from_object("portcfg", namespace="CELERY")
+    assert app.conf.broker_url == "memory://portcfg"
+    assert app.route("mail.send") == "email" and app.route("other") == "celery"
+    with pytest.raises(ConfigurationError, match="cannot import configuration 'nosuchcfg'"):
+        app.config_from_object("nosuchcfg")
+    app.close()
+
+
+def test_routers_in_celerys_forms() -> None:
+    def celery_router(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
+                      **kw: Any) -> dict[str, str] | None:
+        return {"queue": "fast"} if name.startswith("f.") else None
+
+    s = Settings(task_routes=[celery_router, {"b.*": "bulk"}, lambda name: None])
+    app = Celeriac("routes", broker="memory://routes", settings=s)
+    assert [app.route(n) for n in ("f.x", "b.y", "c.z")] == ["fast", "bulk", "celery"]
+    app.close()
