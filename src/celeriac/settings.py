@@ -313,8 +313,8 @@ class Conf:
 
     def __getattr__(self, name: str) -> Any:
         settings = self._app.settings
-        if name in _FIELD_NAMES:
-            return getattr(settings, name)
+        if name in _FIELD_NAMES or (not name.startswith("_") and hasattr(settings, name)):
+            return getattr(settings, name)  # a setting, or a derived one (backend_url)
         raise AttributeError(f"no setting {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

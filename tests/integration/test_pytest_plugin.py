@@ -145,7 +145,7 @@ def test_markers_override_settings_closest_wins(pytester: pytest.Pytester) -> No
     result.assert_outcomes(passed=5, errors=2)
     result.stdout.fnmatch_lines([
         "*@pytest.mark.celery takes settings as keywords only*",
-        "*unknown setting(s): no_such_setting*",
+        "*unknown setting *no_such_setting*",
     ])
 
 

@@ -8,7 +8,7 @@ EXPECTED = {
     "Request", "ResultTimeout", "Retry", "SerializationError", "Settings",
     "SoftTimeLimitExceeded", "Task", "TaskControl", "TaskError", "TaskFailed", "TaskRevoked",
     "TimeLimitExceeded", "Worker", "WorkerLostError", "WorkerShutdown", "WorkerTerminate",
-    "__version__", "states",
+    "__version__", "current_app", "shared_task", "signals", "states",
 }
 
 
