@@ -13,8 +13,9 @@
     add.delay(2, 3).get(timeout=10)  # 5, once a worker runs: celeriac -A proj worker
 """
 
-from . import states
+from . import signals, states
 from .__about__ import __version__
+from ._state import current_app, shared_task
 from .app import Celeriac
 from .errors import (
     BrokerError,
@@ -84,5 +85,8 @@ __all__ = [
     "WorkerShutdown",
     "WorkerTerminate",
     "__version__",
+    "current_app",
+    "shared_task",
+    "signals",
     "states",
 ]
