@@ -196,6 +196,14 @@ class Task(Generic[P, R]):
         """Run the function in this process, as a plain call."""
         return self.run_with(Request(task=self.name), args, kwargs)
 
+    def enter(self, request: Request) -> tuple[Any, Any]:
+        """Make ``request`` this task's and the thread's current one; ``leave`` undoes."""
+        return self._request.set(request), _current.set(request)
+
+    def leave(self, tokens: tuple[Any, Any]) -> None:
+        _current.reset(tokens[1])
+        self._request.reset(tokens[0])
+
     def run_with(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]) -> R:
         token = self._request.set(request)
         current = _current.set(request)
@@ -296,25 +304,30 @@ class Task(Generic[P, R]):
                               retries=retries, root_id=task_id, is_eager=True,
                               called_directly=False)
             hooks = self.app.hooks
-            if hooks:
-                hooks.call("before_task", request)
+            scope = self.enter(request)
             try:
-                value = self.run_with(request, args, kwargs)
-                meta = ResultMeta(task_id, states.SUCCESS, value)
-            except Retry as r:
-                self._ended(request, states.RETRY, r.exc or r)
-                retries += 1
-                continue
-            except Ignore:
-                meta = ResultMeta(task_id, states.SUCCESS, None)
-            except Exception as exc:
-                meta = ResultMeta(task_id, states.FAILURE, exc, tb.format_exc(), retries=retries)
-                self._ended(request, states.FAILURE, exc)
-                if self.app.settings.task_eager_propagates:
-                    raise
+                if hooks:
+                    hooks.call("before_task", request)
+                try:
+                    value = self.run_with(request, args, kwargs)
+                    meta = ResultMeta(task_id, states.SUCCESS, value)
+                except Retry as r:
+                    self._ended(request, states.RETRY, r.exc or r)
+                    retries += 1
+                    continue
+                except Ignore:
+                    meta = ResultMeta(task_id, states.SUCCESS, None)
+                except Exception as exc:
+                    meta = ResultMeta(task_id, states.FAILURE, exc, tb.format_exc(),
+                                      retries=retries)
+                    self._ended(request, states.FAILURE, exc)
+                    if self.app.settings.task_eager_propagates:
+                        raise
+                    return EagerResult(task_id, self.app, self.name, meta)
+                self._ended(request, meta.state, meta.result)
                 return EagerResult(task_id, self.app, self.name, meta)
-            self._ended(request, meta.state, meta.result)
-            return EagerResult(task_id, self.app, self.name, meta)
+            finally:
+                self.leave(scope)
 
     def _ended(self, request: Request, state: str, retval: Any) -> None:
         if self.has_handlers:

@@ -112,7 +112,7 @@ def audit() -> Iterator[redis.Redis]:
 
 def test_settings_come_from_the_namespaced_module(app: Celeriac, project: ModuleType,
                                                   project_env: dict[str, str]) -> None:
-    assert current_app() is app and app.main == "proj"
+    assert celeriac_state.get_current_app() is app and current_app.main == "proj"
     assert app is project.celery.app
     conf = app.conf
     assert conf.broker_url == project_env["CELERY_BROKER_URL"]

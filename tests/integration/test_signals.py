@@ -287,10 +287,6 @@ def test_worker_lifecycle_signals_in_the_parent_and_each_child(
             e["signal"] for e in recorded.of(child)}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "celeriac bug: worker/execute.py sends before_task before Task.run_with sets the "
-    "request and after_task/call_handlers after it resets it, so task.request is empty "
-    "in task_prerun/success/failure/postrun receivers (and in Task handlers)"))
 def test_task_handlers_see_the_running_tasks_request(
         app: Celeriac, worker: WorkerProcess, recorded: Recorded) -> None:
     """Celery sends task_prerun, task_success, task_failure and task_postrun while the

@@ -158,6 +158,9 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
             backend.store(task_id, states.STARTED, {"pid": os.getpid(), "hostname": hostname},
                           retries=request.retries)
     hooks = app.hooks
+    # Hooks, signal receivers and handlers see the task's request as current (Celery's
+    # handlers read self.request); paid only when there are some.
+    scope = task.enter(request) if hooks or task.has_handlers else None
     if hooks:
         hooks.call("before_task", request)
 
@@ -178,6 +181,8 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         task.call_handlers(request, state, retval)
     if hooks:
         hooks.call("after_task", request, state, retval)
+    if scope is not None:
+        task.leave(scope)
     _log(headers.get("shadow") or task.name, task_id, state, retval, runtime)
     return action, state, reason, runtime, stored, shown
 
