@@ -26,7 +26,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import states
 from .hooks import Hooks
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celeriac.signals")
 
 Receiver = Callable[..., Any]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Signal:
@@ -53,6 +54,14 @@ class Signal:
 
     def __repr__(self) -> str:
         return f"<Signal {self.name}>"
+
+    @overload
+    def connect(self, receiver: F, *, sender: Any = None, weak: bool = False,
+                dispatch_uid: Any = None) -> F: ...
+
+    @overload
+    def connect(self, receiver: None = None, *, sender: Any = None, weak: bool = False,
+                dispatch_uid: Any = None) -> Callable[[F], F]: ...
 
     def connect(self, receiver: Receiver | None = None, *, sender: Any = None,
                 weak: bool = False, dispatch_uid: Any = None) -> Any:

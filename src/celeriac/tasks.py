@@ -66,6 +66,11 @@ class Request:
     is_eager: bool = False
     called_directly: bool = True
 
+    @property
+    def name(self) -> str:
+        """The task's name (Celery's worker-side request calls it ``name``)."""
+        return self.task
+
 
 @dataclass(frozen=True, slots=True)
 class TaskOptions:

@@ -187,3 +187,14 @@ class OtelStyleInstrumentor:
 def init_tracing(*args: Any, **kwargs: Any) -> None:
     """As OpenTelemetry's docs say: instrument in each pool child once it starts."""
     OtelStyleInstrumentor().instrument()
+
+
+@signals.setup_logging.connect(weak=False, dispatch_uid="rec-setup-logging")
+def configure_logging(loglevel: Any = None, logfile: Any = None, **kwargs: Any) -> None:
+    """A receiver here means the worker leaves logging to it (Celery's rule)."""
+    import logging
+    import sys
+
+    logging.basicConfig(level=loglevel, stream=sys.stderr,
+                        format="SIGNALLED %(levelname)s %(name)s: %(message)s")
+    record("setup_logging", loglevel=loglevel, logfile=logfile)

@@ -268,7 +268,7 @@ def test_worker_lifecycle_signals_in_the_parent_and_each_child(
     children = {e["pid"] for e in inits}
     assert len(children) == 2 and worker.pid not in children
     parent = [e["signal"] for e in recorded.of(worker.pid)]
-    assert parent[:2] == ["worker_init", "worker_ready"]
+    assert parent[:3] == ["setup_logging", "worker_init", "worker_ready"]
     assert recorded.wait("worker_init")["hostname"]
     assert t.ok.delay(1).get(timeout=10) == 1
 
@@ -304,3 +304,14 @@ def test_task_handlers_see_the_running_tasks_request(
             "postrun": postrun["request_id"], "failure": failure["request_id"]} == {
         "prerun": r.id, "success": r.id, "postrun": r.id, "failure": f.id}
 
+
+
+def test_a_setup_logging_receiver_configures_the_workers_logging(
+        worker: WorkerProcess, recorded: Recorded) -> None:
+    """As in Celery: with a receiver on setup_logging, the worker does not configure
+    logging itself; the receiver's format is the one the log shows."""
+    entry = recorded.wait("setup_logging")
+    assert entry["loglevel"] == "INFO" and entry["logfile"] is None
+    assert entry["pid"] == worker.pid
+    ready = [line for line in worker.log.splitlines() if " ready: " in line]
+    assert ready and all(line.startswith("SIGNALLED ") for line in ready)

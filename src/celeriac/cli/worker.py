@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .. import signals
 from ..worker import Worker
 from ..worker.pool import POOLS
 from .loader import AppLoader
@@ -102,12 +103,21 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
     In -n, --logfile and --pidfile: %h host name, %n name (w1 of w1@host), %d domain,
     %p node name, %i/%I process index (0/empty), %% a percent sign.
     """
-    setup_logging(loglevel, expand(logfile, hostname, "--logfile"))
+    logpath = expand(logfile, hostname, "--logfile")
     lock = Pidfile(path) if (path := expand(pidfile, hostname, "--pidfile")) else None
     if lock is not None:
         lock.check()  # before connecting anywhere: a second worker fails fast
     try:
         app = load()
+        # After the app is loaded, so that its setup_logging receivers are connected: a
+        # receiver configures logging itself (Celery's rule), else we do.
+        if not signals.setup_logging.receivers:
+            setup_logging(loglevel, logpath)
+        signals.setup_logging.send(sender=None, loglevel=loglevel.upper(), logfile=logpath,
+                                   format=FORMAT, colorize=False)
+        signals.after_setup_logger.send(sender=None, logger=logging.getLogger(),
+                                        loglevel=loglevel.upper(), logfile=logpath,
+                                        format=FORMAT, colorize=False)
         overrides: dict[str, Any] = {
             "worker_max_tasks_per_child": max_tasks_per_child,
             "worker_max_memory_per_child": max_memory_per_child,
