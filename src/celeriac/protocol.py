@@ -293,13 +293,4 @@ def decode_body(payload: Any) -> tuple[list[Any], dict[str, Any], dict[str, Any]
     ):
         raise DecodeError("body is not a protocol v2 [args, kwargs, embed] triple")
     embed = payload[2] if isinstance(payload[2], dict) else {}
-    asked = [key for key in UNSUPPORTED_EMBED if embed.get(key)]
-    if asked:
-        # Running the task alone would half-run the workflow it belongs to: refuse it.
-        raise DecodeError(f"the message asks for {', '.join(asked)} (canvas), which this "
-                          "worker does not support yet; the task was not run")
     return list(payload[0]), payload[1], embed
-
-
-UNSUPPORTED_EMBED = ("callbacks", "errbacks", "chain", "chord")
-"""Protocol v2 embed keys a worker refuses until canvas lands."""

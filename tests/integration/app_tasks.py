@@ -184,3 +184,17 @@ def segfault() -> None:
     import ctypes
 
     ctypes.string_at(0)
+
+
+@app.task
+def on_error(request, exc, traceback):  # type: ignore[no-untyped-def]
+    """A new-style errback (Celery's (request, exc, traceback)): runs in the failed
+    task's worker, at once."""
+    Path(os.environ["ERRBACK_FILE"]).write_text(
+        f"{request.id} {type(exc).__name__} {'Traceback' in traceback}")
+
+
+@app.task
+def failed_id(task_id: str) -> str:
+    """An old-style errback: sent with the failed task's id."""
+    return task_id

@@ -23,6 +23,7 @@ from ..backends.base import Stored
 from ..errors import DecodeError, Ignore, Reject, Retry
 from ..protocol import decode_body
 from ..tasks import Request, short_repr
+from . import followups
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -130,7 +131,10 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
     started = time.monotonic()
     try:
         accept = serialization.accepted_content_types(app.settings.accept_content)
-        args, kwargs, _embed = decode_body(serialization.loads(body, content_type, accept))
+        args, kwargs, raw_embed = decode_body(serialization.loads(body, content_type, accept))
+        embed = raw_embed if raw_embed and _asks(raw_embed) else None
+        if embed is not None:
+            followups.check_embed(embed)
     except DecodeError as exc:
         logger.error("Task %s[%s] dead-lettered: %s", task.name, task_id, exc)
         # Its FAILURE is stored too: a caller in get() learns why at once. (The state
@@ -177,6 +181,11 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
                                 extended=extended)
     if task_events and state is not None:
         shown = (exception_repr(retval), tb) if failed else (result_repr(retval), None)
+    if embed is not None and not _follow_up(app, request, state, retval, tb, embed):
+        # Acknowledging would lose the rest of the workflow: the message goes back and the
+        # task runs again (at least once), until task_max_deliveries dead-letters it.
+        action, reason = "requeue", "could not send its chain, link or link_error"
+        stored = None
     if task.has_handlers:
         task.call_handlers(request, state, retval)
     if hooks:
@@ -185,6 +194,29 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         task.leave(scope)
     _log(headers.get("shadow") or task.name, task_id, state, retval, runtime)
     return action, state, reason, runtime, stored, shown
+
+
+def _asks(embed: dict[str, Any]) -> bool:
+    return bool(embed.get("chain") or embed.get("callbacks") or embed.get("errbacks")
+                or embed.get("chord"))
+
+
+def _follow_up(app: Celeriac, request: Request, state: str | None, retval: Any,
+               tb: str | None, embed: dict[str, Any]) -> bool:
+    """The chain's next step and the callbacks, or the errbacks; False (logged) when they
+    could not all be published."""
+    try:
+        if state == states.SUCCESS:
+            followups.on_success(app, request, retval, embed)
+        elif state == states.FAILURE and isinstance(retval, BaseException):
+            if tb is None:
+                tb = "".join(traceback.format_exception(retval))
+            followups.on_failure(app, request, retval, tb, embed)
+    except Exception:
+        logger.exception("Task %s[%s]: could not send what its message asked for after it "
+                         "(chain, link or link_error)", request.task, request.id)
+        return False
+    return True
 
 
 def result_repr(value: Any) -> str:

@@ -1,0 +1,162 @@
+"""What a task message asks for after its task ran: the rest of its chain, its callbacks
+and its errbacks (protocol v2 ``embed``, Celery's wire format).
+
+Runs where the task ran, before the outcome goes back to the worker's main process, so
+the follow-ups are published before the message is acknowledged: a crash in between runs
+the task again and publishes them again (at least once). A chain's steps carry the task
+ids frozen when the chain was sent, so a repeat is the same task, not a new one.
+
+- ``chain``: signature dicts in reverse order; the last is the next step. It gets the
+  result as its first argument (unless immutable) and the rest of the chain.
+- ``callbacks`` (``link``): each gets the result as its first argument.
+- ``errbacks`` (``link_error``): Celery's two conventions. A task of this worker whose
+  function takes ``(request, exc, traceback)`` is called here, at once; any other is sent
+  with the failed task's id as its argument.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .. import serialization
+from ..errors import DecodeError
+from ..protocol import Message, new_id, parse_time, task_headers, task_properties, utcnow
+from ..tasks import args_repr
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+    from ..tasks import Request, Task
+
+logger = logging.getLogger("celeriac.worker.followups")
+
+SUPPORTED_TYPES = (None, "chain", "group")
+
+
+def check_embed(embed: Mapping[str, Any]) -> None:
+    """Refuse (``DecodeError``) an embed this worker cannot carry out in full: running
+    the task alone would half-run the workflow it belongs to."""
+    if embed.get("chord"):
+        raise DecodeError("the message asks for a chord, which this worker does not "
+                          "support yet; the task was not run")
+    for key in ("chain", "callbacks", "errbacks"):
+        value = embed.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            raise DecodeError(f"embed {key!r} must be a list of signatures, got "
+                              f"{type(value).__name__}")
+        for sig in value:
+            _check_signature(key, sig)
+
+
+def _check_signature(where: str, sig: Any) -> None:
+    if not isinstance(sig, dict) or not isinstance(sig.get("task"), str):
+        raise DecodeError(f"embed {where!r} holds {sig!r}, which is not a signature")
+    kind = sig.get("subtask_type")
+    if kind not in SUPPORTED_TYPES:
+        raise DecodeError(f"embed {where!r} holds a {kind} signature, which this worker "
+                          "does not support yet; the task was not run")
+    if kind in ("chain", "group"):
+        members = (sig.get("kwargs") or {}).get("tasks")
+        if not isinstance(members, list):
+            raise DecodeError(f"embed {where!r}: a {kind} signature without its tasks")
+        for member in members:
+            _check_signature(where, member)
+
+
+def on_success(app: Celeriac, request: Request, retval: Any, embed: Mapping[str, Any]
+               ) -> None:
+    chain = embed.get("chain")
+    lineage = _lineage(request)
+    if chain:
+        rest, step = list(chain[:-1]), chain[-1]
+        send(app, step, (retval,), lineage, chain=rest)
+    for callback in embed.get("callbacks") or ():
+        send(app, callback, (retval,), lineage)
+
+
+def on_failure(app: Celeriac, request: Request, exc: BaseException, traceback: str | None,
+               embed: Mapping[str, Any]) -> None:
+    lineage = _lineage(request)
+    for errback in embed.get("errbacks") or ():
+        task = app.tasks.get(errback["task"])
+        if task is not None and _takes_request(task):
+            try:
+                task(request, exc, traceback)
+            except Exception:
+                logger.exception("Task %s[%s]: errback %s failed", request.task, request.id,
+                                 errback["task"])
+            continue
+        send(app, errback, (request.id,), lineage)
+
+
+def _takes_request(task: Task[Any, Any]) -> bool:
+    try:
+        params = list(inspect.signature(task.fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if task.options.bind:
+        params = params[1:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3
+
+
+def _lineage(request: Request) -> dict[str, Any]:
+    return {"parent_id": request.id, "root_id": request.root_id or request.id}
+
+
+def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
+         lineage: Mapping[str, Any], chain: list[Any] | None = None) -> None:
+    """Publish ``sig`` with ``prefix`` before its own args (unless immutable)."""
+    kind = sig.get("subtask_type")
+    if kind == "group":
+        for member in sig["kwargs"]["tasks"]:
+            send(app, member, prefix, lineage)
+        return
+    if kind == "chain":
+        steps = list(sig["kwargs"]["tasks"])
+        rest = list(reversed(steps[1:])) + list(chain or [])
+        send(app, steps[0], prefix, lineage, chain=rest)
+        return
+    options = dict(sig.get("options") or {})
+    args = list(sig.get("args") or ())
+    if not sig.get("immutable"):
+        args = [*prefix, *args]
+    kwargs = dict(sig.get("kwargs") or {})
+    embed = {"callbacks": options.pop("link", None) or None,
+             "errbacks": options.pop("link_error", None) or None,
+             "chain": chain or None, "chord": None}
+    queue, message, delay = _message(app, sig["task"], args, kwargs, embed, options, lineage)
+    app.publisher.publish(queue, message, delay=delay)
+
+
+def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
+             embed: dict[str, Any], options: dict[str, Any], lineage: Mapping[str, Any]
+             ) -> tuple[str, Message, float | None]:
+    task_id = options.get("task_id") or new_id()
+    now = utcnow()
+    countdown = options.get("countdown")
+    eta = parse_time(options.get("eta")) if isinstance(options.get("eta"), str) else None
+    if countdown:
+        eta = now + timedelta(seconds=float(countdown))
+    expires = options.get("expires")
+    expires_at = parse_time(expires) if isinstance(expires, str) else (
+        now + timedelta(seconds=float(expires)) if isinstance(expires, (int, float)) else None)
+    serializer = options.get("serializer") or app.settings.task_serializer
+    content_type, body = serialization.dumps((args, kwargs, embed), serializer)
+    a_repr, k_repr = args_repr(args, kwargs)
+    headers = task_headers(
+        task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
+        expires=expires_at, root_id=lineage["root_id"], parent_id=lineage["parent_id"],
+        group=options.get("group_id"), extra=dict(options.get("headers") or {}) or None)
+    priority = options.get("priority")
+    if priority is None:
+        priority = app.settings.task_default_priority
+    queue = options.get("queue") or options.get("routing_key") or app.route(name)
+    delay = (eta - now).total_seconds() if eta is not None else None
+    message = Message(headers, body, content_type, "utf-8", task_properties(task_id, priority))
+    return queue, message, delay
