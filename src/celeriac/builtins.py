@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 from .canvas.signature import Signature, maybe_signature, signature
 from .canvas.workflows import group
 from .result import GroupResult
-from .tasks import Task
 
 if TYPE_CHECKING:
+    from ._state import SharedTask
     from .app import Celeriac
+    from .tasks import Task
 
 
 def register_builtins(app: Celeriac) -> None:
@@ -38,8 +39,10 @@ def register_builtins(app: Celeriac) -> None:
     app._register(xstarmap, {"name": "celery.starmap"})
 
 
-def _member(task: Task[Any, Any] | Mapping[str, Any], app: Celeriac | None) -> Signature:
-    return task.s() if isinstance(task, Task) else maybe_signature(task, app)
+def _member(task: Task[Any, Any] | SharedTask | Mapping[str, Any], app: Celeriac | None
+            ) -> Signature:
+    # A task, a shared_task proxy (it has the task's methods), or a signature (dict).
+    return maybe_signature(task, app) if isinstance(task, Mapping) else task.s()
 
 
 class _basemap(Signature):
@@ -48,7 +51,8 @@ class _basemap(Signature):
 
     task_name = ""
 
-    def __init__(self, task: Task[Any, Any] | Mapping[str, Any], it: Iterable[Any], *,
+    def __init__(self, task: Task[Any, Any] | SharedTask | Mapping[str, Any],
+                 it: Iterable[Any], *,
                  app: Celeriac | None = None, **options: Any) -> None:
         member = _member(task, app)
         super().__init__(self.task_name, (), {"task": member, "it": list(it)}, options,
@@ -86,8 +90,8 @@ class chunks(Signature):
     """``chunks(task, items, n)``: the items split into ``n``-sized parts, one
     ``celery.starmap`` task per part, sent as a group (Celery's)."""
 
-    def __init__(self, task: Task[Any, Any] | Mapping[str, Any], it: Iterable[Any], n: int,
-                 *, app: Celeriac | None = None, **options: Any) -> None:
+    def __init__(self, task: Task[Any, Any] | SharedTask | Mapping[str, Any],
+                 it: Iterable[Any], n: int, *, app: Celeriac | None = None, **options: Any) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"chunks: n must be an int >= 1, got {n!r}")
         member = _member(task, app)

@@ -392,3 +392,45 @@ def test_chords_raise_a_clear_error(app: Celeriac, eager: Celeriac) -> None:
     with pytest.raises(NotImplementedError, match="chords are not available yet"):
         chain(group(e_add.s(1, 1)), e_mul.s(2)).apply()
     assert fetch_all(app) == []
+
+
+def test_frozen_ids_are_the_ids_sent(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    c = add.s(1, 1) | mul.s(2)
+    frozen = c.freeze()
+    sent = c.apply_async()
+    assert (sent.id, sent.parent.id) == (frozen.id, frozen.parent.id)
+    g = group(add.s(1, 1), group(add.s(2, 2), add.s(3, 3)))
+    frozen_group = g.freeze()
+    assert len(frozen_group) == 3
+    assert g.apply_async() == frozen_group
+    messages = fetch_all(app)
+    assert {m.headers["id"] for m in messages} == {
+        frozen.parent.id, *(r.id for r in frozen_group)}
+
+
+def test_canvas_messages_have_send_tasks_headers(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    add.s(1, 1).delay()  # through send_task
+    (add.s(1, 1) | mul.s(2)).delay()  # through the canvas path (an embed)
+    plain, chained = fetch_all(app)
+    assert set(plain.headers) == set(chained.headers)
+    assert plain.properties.keys() == chained.properties.keys()
+    assert body(plain)[2] == {"callbacks": None, "errbacks": None, "chain": None,
+                              "chord": None}
+
+
+def test_signatures_of_shared_tasks(eager: Celeriac) -> None:
+    from celeriac import _state
+
+    def triple(x: int) -> int:
+        return 3 * x
+
+    proxy = celeriac.shared_task(name="t.shared_triple")(triple)
+    try:
+        eager.set_current()
+        assert signature(proxy, (2,)).delay().get() == 6
+        assert proxy.s(3).apply().get() == 9
+        assert chunks(proxy, [(1,), (2,)], 1).apply().get() == [[3], [6]]
+    finally:  # shared tasks join every app made later: not other tests' apps
+        _state._shared[:] = [(fn, o) for fn, o in _state._shared if fn is not triple]

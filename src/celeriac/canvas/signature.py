@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from .. import _state
+from .._state import SharedTask
 from ..errors import NotRegistered
 from ..protocol import new_id
 from ..result import AsyncResult, GroupResult
@@ -35,7 +36,7 @@ class Signature(dict[str, Any]):
     TYPES: ClassVar[dict[str, builtins.type[Signature]]] = {}
     """Subclasses by ``subtask_type``: what ``signature(d)`` rebuilds a dict as."""
 
-    def __init__(self, task: str | Task[Any, Any] | Mapping[str, Any],
+    def __init__(self, task: str | Task[Any, Any] | SharedTask | Mapping[str, Any],
                  args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
                  options: Mapping[str, Any] | None = None, *,
                  subtask_type: str | None = None, immutable: bool = False,
@@ -58,6 +59,8 @@ class Signature(dict[str, Any]):
             self._app = app or task.app
         elif isinstance(task, str) and task:
             name = task
+        elif isinstance(task, SharedTask):
+            name = str(task.name)
         else:
             raise TypeError(f"a signature needs a task or a task name, got {task!r}")
         super().__init__(task=name, args=tuple(args or ()), kwargs=dict(kwargs or {}),
@@ -137,8 +140,8 @@ class Signature(dict[str, Any]):
               **options: Any) -> Self:
         """A copy, with partial ``args``/``kwargs`` and ``options`` applied."""
         a, k, o = self._merge(args, kwargs, options)
-        d = {**self, "args": a, "kwargs": k, "options": o}
-        new = copy.deepcopy(type(self).from_dict(d, self._app))
+        d = copy.deepcopy({**self, "args": a, "kwargs": k, "options": o})
+        new = type(self).from_dict(d, self._app)
         new._type = self._type
         return new  # type: ignore[return-value]  # from_dict of type(self) is one
 
@@ -282,7 +285,7 @@ def _as_list(value: Any) -> list[Any]:
     return [value]  # one signature (a dict) given where Celery allows a list
 
 
-def signature(varies: str | Task[Any, Any] | Mapping[str, Any],
+def signature(varies: str | Task[Any, Any] | SharedTask | Mapping[str, Any],
               args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
               *, app: Celeriac | None = None, **options: Any) -> Signature:
     """A signature: a copy of one, one rebuilt from a dict (as it travelled in a

@@ -197,19 +197,18 @@ class group(Signature):
     def __call__(self, *args: Any, **options: Any) -> Result:
         return self.apply_async(args, **options)
 
-    def _unrolled(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
-                  ) -> Iterator[Signature]:
-        """Members, copied, nested groups (and chunks) flattened, partial arguments
-        given to each mutable one."""
+    def _flat(self) -> Iterator[Signature]:
+        """The members, nested groups (and chunks) flattened; not copied: sending and
+        ``apply`` apply partial arguments without changing a member."""
         from ..builtins import chunks
 
         for member in self.tasks:
             if isinstance(member, chunks):
                 member = member.group()
             if isinstance(member, group):
-                yield from member._unrolled(args, kwargs)
+                yield from member._flat()
             else:
-                yield member.clone(args, kwargs)
+                yield member
 
     def apply_async(self, args: Sequence[Any] | None = None,  # type: ignore[override]
                     kwargs: Mapping[str, Any] | None = None, **options: Any) -> GroupResult:
@@ -227,9 +226,9 @@ class group(Signature):
         results: list[AsyncResult[Any]] = []
 
         def messages() -> Iterator[Outgoing]:
-            for index, member in enumerate(self._unrolled(args, kwargs)):
+            for index, member in enumerate(self._flat()):
                 item, res = member._outgoing(
-                    (), {}, {**opts, "group_id": group_id, "group_index": index})
+                    args, kwargs, {**opts, "group_id": group_id, "group_index": index})
                 results.append(res)  # type: ignore[arg-type]  # groups were flattened
                 yield item
 
@@ -241,14 +240,14 @@ class group(Signature):
               kwargs: Mapping[str, Any] | None = None, **options: Any) -> GroupResult:
         """Run every member here, in order (eager)."""
         group_id = options.get("task_id") or self.options.get("task_id") or new_id()
-        results = [m.apply() for m in self._unrolled(args, kwargs)]
+        results = [m.apply(args, kwargs) for m in self._flat()]
         return GroupResult(group_id, results, self.app)
 
     def freeze(self, task_id: str | None = None,  # type: ignore[override]
                **options: Any) -> GroupResult:
         """Assign the group id and the members' task ids now."""
         group_id = self.options.setdefault("task_id", task_id or new_id())
-        members = list(self._unrolled(None, None))
+        members = [m.clone() for m in self._flat()]
         self.kwargs["tasks"] = members
         results = [m.freeze(group_id=group_id, group_index=i, root_id=options.get("root_id"),
                             parent_id=options.get("parent_id"))
