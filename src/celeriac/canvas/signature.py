@@ -252,7 +252,8 @@ class Signature(dict[str, Any]):
         group publishes its members' in bulk). Retry options are the caller's to use."""
         a, k, o = self._merge(args, kwargs, options)
         o = _with_task_defaults(self.app, self.task, o)
-        o.pop("retry", None), o.pop("retry_policy", None)
+        for key in ("retry", "retry_policy"):
+            o.pop(key, None)
         embed = _pop_embed(o)
         item = self.app._prepare(self.task, a, k, embed=embed, **o)
         return item, AsyncResult(item.message.headers["id"], self.app, self.task)
@@ -289,8 +290,8 @@ def signature(varies: str | Task[Any, Any] | SharedTask | Mapping[str, Any],
               args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
               *, app: Celeriac | None = None, **options: Any) -> Signature:
     """A signature: a copy of one, one rebuilt from a dict (as it travelled in a
-    message: chains, groups and map rebuild as their own types), or a new one from a
-    task or task name."""
+    message: chains and groups rebuild as their own types, by ``subtask_type``), or a
+    new one from a task or task name."""
     if isinstance(varies, Signature):
         sig = varies.clone()
         sig._app = app or varies._app
