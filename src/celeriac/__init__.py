@@ -17,6 +17,7 @@ from . import signals, states
 from .__about__ import __version__
 from ._state import current_app, shared_task
 from .app import Celeriac
+from .canvas import Signature, chain, chunks, group, signature
 from .errors import (
     BrokerError,
     BrokerUnavailable,
@@ -45,7 +46,7 @@ from .errors import (
     WorkerTerminate,
 )
 from .hooks import Hooks
-from .result import AsyncResult, EagerResult
+from .result import AsyncResult, EagerResult, GroupResult
 from .settings import Settings
 from .tasks import Request, Task
 from .worker import Worker
@@ -61,6 +62,7 @@ __all__ = [
     "DecodeError",
     "EagerResult",
     "EncodeError",
+    "GroupResult",
     "Hooks",
     "Ignore",
     "MaxRetriesExceededError",
@@ -73,6 +75,7 @@ __all__ = [
     "Retry",
     "SerializationError",
     "Settings",
+    "Signature",
     "SoftTimeLimitExceeded",
     "Task",
     "TaskControl",
@@ -85,8 +88,12 @@ __all__ = [
     "WorkerShutdown",
     "WorkerTerminate",
     "__version__",
+    "chain",
+    "chunks",
     "current_app",
+    "group",
     "shared_task",
     "signals",
+    "signature",
     "states",
 ]

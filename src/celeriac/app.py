@@ -15,6 +15,8 @@ from . import _state, config, serialization, signals
 from . import result as _result
 from ._net import retrying
 from .backends.base import ResultBackend, create_backend
+from .canvas import Signature, register_builtins
+from .canvas import signature as _signature
 from .errors import ConfigurationError, EncodeError
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
@@ -81,6 +83,7 @@ class Celeriac:
         self._events: EventDispatcher | None = None
         self._pid = os.getpid()
         signals.install(self)
+        register_builtins(self)  # celery.map, celery.starmap: what canvas messages name
         _state.register_app(self, set_as_current)
 
     def __repr__(self) -> str:
@@ -321,6 +324,14 @@ class Celeriac:
     def AsyncResult(self, task_id: str) -> _result.AsyncResult[Any]:
         return _result.AsyncResult(task_id, self)
 
+    def signature(self, task: str | Mapping[str, Any], args: Sequence[Any] | None = None,
+                  kwargs: Mapping[str, Any] | None = None, **options: Any) -> Signature:
+        """A signature of task ``task`` (a name; the task need not be importable here), or
+        one rebuilt from a signature dict, bound to this app."""
+        if isinstance(task, Mapping):
+            return _signature(task, app=self)
+        return Signature(task, args, kwargs, app=self, **options)
+
     # -- sending ------------------------------------------------------------------------
     def send_task(
         self,
@@ -438,6 +449,86 @@ class Celeriac:
         if chunk:
             self._publish_chunk(chunk)
         return results
+
+    def _prepare(
+        self, name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, *,
+        embed: Mapping[str, Any] | None = None, group_index: int | None = None,
+        countdown: float | None = None, eta: datetime | None = None,
+        expires: float | timedelta | datetime | None = None, queue: str | None = None,
+        priority: int | None = None, task_id: str | None = None,
+        headers: Mapping[str, Any] | None = None, serializer: str | None = None,
+        retries: int = 0, time_limit: float | None = None,
+        soft_time_limit: float | None = None, ignore_result: bool = False,
+        shadow: str | None = None, routing_key: str | None = None,
+        exchange: str | None = None, parent_id: str | None = None, root_id: str | None = None,
+        group_id: str | None = None, add_to_parent: bool = True,
+    ) -> Outgoing:
+        """A message as ``send_task`` would publish it, with a canvas ``embed`` (chain,
+        callbacks, errbacks) and a ``group_index``; ``publish_prepared`` sends it.
+
+        Canvas builds messages ahead of publishing them (a group: a chunk of messages per
+        round trip), so this is ``send_task`` without the publish."""
+        if exchange not in (None, ""):
+            raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
+                                     "supported: messages go to the queue named by queue= "
+                                     "or routing_key=; nothing was sent")
+        extra = dict(headers) if headers else {}
+        if shadow is not None:
+            extra["shadow"] = shadow
+        if group_id is not None:
+            extra["group"] = group_id
+        if group_index is not None:
+            extra["group_index"] = group_index
+        current = current_request() if add_to_parent else None
+        if parent_id is not None or current is not None:
+            extra["parent_id"] = parent_id or (current.id if current else None)
+        if root_id is not None or current is not None:
+            extra["root_id"] = root_id or (current.root_id or current.id if current else None)
+        message, queue, delay = self._build(
+            name, args, kwargs, countdown=countdown, eta=eta, expires=expires,
+            queue=queue or routing_key, priority=priority, task_id=task_id,
+            headers=extra or None, serializer=serializer, retries=retries,
+            time_limit=time_limit, soft_time_limit=soft_time_limit,
+            ignore_result=ignore_result,
+        )
+        if embed:
+            # _build (the hot path of every send) always writes an empty embed: encode
+            # the body again here rather than slow it down with a parameter.
+            content_type, body = serialization.dumps(
+                (list(args or ()), dict(kwargs or {}), {**_EMBED, **embed}),
+                serializer or self.settings.task_serializer)
+            message = Message(message.headers, body, content_type, message.content_encoding,
+                              message.properties)
+        return Outgoing(queue, message, delay)
+
+    def publish_prepared(self, items: Iterable[Outgoing], *, chunk_size: int = 1000,
+                         retry: bool | None = None,
+                         retry_policy: Mapping[str, Any] | None = None) -> int:
+        """Publish messages made by ``_prepare``, ``chunk_size`` per broker round trip
+        (hooks and ``task-sent`` events as ``send_task``); returns how many."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        sent = 0
+        chunk: list[Outgoing] = []
+
+        def flush() -> None:
+            if retry is None and retry_policy is None:
+                self._publish_chunk(chunk)
+                return
+            limit = (retry_policy or {}).get("max_retries",
+                                              self.settings.broker_connection_max_retries)
+            with retrying(retry if retry is not None else True, limit):
+                self._publish_chunk(chunk)
+
+        for item in items:
+            chunk.append(item)
+            if len(chunk) >= chunk_size:
+                flush()
+                sent, chunk = sent + len(chunk), []
+        if chunk:
+            flush()
+            sent += len(chunk)
+        return sent
 
     def _publish_chunk(self, chunk: list[Outgoing]) -> None:
         if self.hooks:

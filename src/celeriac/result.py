@@ -1,9 +1,11 @@
-"""``AsyncResult``: the caller's handle on a task's state and return value."""
+"""``AsyncResult``: the caller's handle on a task's state and return value;
+``GroupResult``: the handle on a group's."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -220,3 +222,156 @@ class EagerResult(AsyncResult[R]):
 
     def forget(self) -> None:
         pass
+
+
+GROUP_KEY_PREFIX = "celeriac-group-meta-"
+"""``GroupResult.save`` stores a group's member ids as the result of the key
+``GROUP_KEY_PREFIX + group_id``: an ordinary stored result (state SUCCESS, value
+``{"group_id", "results": [ids]}``), so every backend keeps it, and expires it, as it does
+task results, and the group id itself never looks like a finished task."""
+
+_READ_BATCH = 500
+"""Ids per backend read (what ``wait_for`` reads at once too)."""
+
+
+class GroupResult:
+    """The results of a group's members, in member order (Celery's ``GroupResult``).
+
+    Reads go to the backend in batches of ids, one round trip per batch, never one per
+    member; eager members (``group.apply()``) are answered without the backend."""
+
+    def __init__(self, id: str, results: Sequence[AsyncResult[Any]] | None = None,
+                 app: Celeriac | None = None, parent: AsyncResult[Any] | None = None) -> None:
+        if not isinstance(id, str) or not id:
+            raise ValueError(f"id must be a non-empty string, got {id!r}")
+        self.id = id
+        self.results: list[AsyncResult[Any]] = list(results or ())
+        if app is None:
+            from ._state import get_current_app
+
+            app = self.results[0].app if self.results else get_current_app()
+        self.app = app
+        self.parent = parent
+        """The result of the step before this group in a chain, where known."""
+
+    @property
+    def children(self) -> list[AsyncResult[Any]]:
+        return self.results
+
+    def __repr__(self) -> str:
+        return f"<GroupResult: {self.id} [{', '.join(r.id for r in self.results)}]>"
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[AsyncResult[Any]]:
+        return iter(self.results)
+
+    def __getitem__(self, index: int) -> AsyncResult[Any]:
+        return self.results[index]
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, GroupResult) and other.id == self.id
+                and other.results == self.results)
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # -- reading -------------------------------------------------------------------------
+    def _metas(self) -> dict[str, ResultMeta]:
+        """Every member's stored result that exists: eager ones as they are, the others
+        read ``_READ_BATCH`` ids per round trip."""
+        found: dict[str, ResultMeta] = {}
+        remote: list[str] = []
+        for r in self.results:
+            meta = r._eager_meta if isinstance(r, EagerResult) else None
+            if meta is not None:
+                found[r.id] = meta
+            else:
+                remote.append(r.id)
+        for start in range(0, len(remote), _READ_BATCH):
+            found.update(self.app.backend.get_many(remote[start:start + _READ_BATCH]))
+        return found
+
+    def completed_count(self) -> int:
+        """How many members succeeded (Celery counts successes, not failures)."""
+        return sum(1 for m in self._metas().values() if m.state == states.SUCCESS)
+
+    def ready(self) -> bool:
+        metas = self._metas()
+        return all(r.id in metas and metas[r.id].ready for r in self.results)
+
+    def waiting(self) -> bool:
+        return not self.ready()
+
+    def successful(self) -> bool:
+        metas = self._metas()
+        return all(r.id in metas and metas[r.id].state == states.SUCCESS
+                   for r in self.results)
+
+    def failed(self) -> bool:
+        return any(m.state == states.FAILURE for m in self._metas().values())
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> list[Any]:
+        """Every member's value, in member order, once all are ready.
+
+        One ``backend.wait_for`` over all the ids (it reads in batches as results land);
+        ``ResultTimeout`` after ``timeout`` seconds. A failed member re-raises its
+        exception when ``propagate``, else its exception takes its place in the list."""
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        metas: dict[str, ResultMeta] = {}
+        remote: list[str] = []
+        for r in self.results:
+            if isinstance(r, EagerResult):
+                metas[r.id] = r._eager_meta
+            else:
+                remote.append(r.id)
+        if remote:
+            metas.update(self.app.backend.wait_for(remote, timeout))
+        missing = [r.id for r in self.results if r.id not in metas]
+        if missing:
+            raise ResultTimeout(f"group {self.id}: {len(missing)} of {len(self.results)} "
+                                f"results not ready after {timeout}s (first: {missing[0]})")
+        return [r._outcome(metas[r.id], propagate) for r in self.results]
+
+    def join(self, timeout: float | None = None, propagate: bool = True) -> list[Any]:
+        """Celery's other name for ``get``."""
+        return self.get(timeout, propagate)
+
+    async def aget(self, timeout: float | None = None, propagate: bool = True) -> list[Any]:
+        return await asyncio.to_thread(self.get, timeout, propagate)
+
+    # -- acting ---------------------------------------------------------------------------
+    def revoke(self, terminate: bool = False, signal: str | None = None) -> None:
+        raise NotImplementedError(
+            "revoke is not available yet: celeriac has no remote control (revoke) of "
+            "tasks; a group's members cannot be revoked")
+
+    def forget(self) -> None:
+        """Forget every member's stored result (not the saved group: ``delete``)."""
+        for r in self.results:
+            r.forget()
+
+    def save(self) -> GroupResult:
+        """Store the member ids under the group id, for ``GroupResult.restore``."""
+        self.app.backend.store(GROUP_KEY_PREFIX + self.id, states.SUCCESS,
+                               {"group_id": self.id, "results": [r.id for r in self.results]})
+        return self
+
+    def delete(self) -> None:
+        """Remove what ``save`` stored."""
+        self.app.backend.forget(GROUP_KEY_PREFIX + self.id)
+
+    @classmethod
+    def restore(cls, id: str, app: Celeriac | None = None) -> GroupResult | None:
+        """The group ``save`` stored under ``id``; None if none is (or it expired)."""
+        if app is None:
+            from ._state import get_current_app
+
+            app = get_current_app()
+        meta = app.backend.get(GROUP_KEY_PREFIX + id)
+        if meta is None or not isinstance(meta.result, dict):
+            return None
+        ids = meta.result.get("results") or []
+        return cls(id, [AsyncResult(str(i), app) for i in ids], app)

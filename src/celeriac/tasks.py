@@ -20,6 +20,8 @@ from .protocol import new_id
 
 if TYPE_CHECKING:
     from .app import Celeriac
+    from .builtins import chunks, xmap, xstarmap
+    from .canvas import Signature
     from .result import AsyncResult
 
 logger = logging.getLogger("celeriac.tasks")
@@ -244,6 +246,44 @@ class Task(Generic[P, R]):
         options.setdefault("priority", o.priority)
         options.setdefault("serializer", o.serializer)
         return self.app.send_many(self.name, calls, **options)
+
+    # -- canvas (celeriac.canvas: imported when used, it imports this module) -----------
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this task: ``add.s(2, 2)``; partial (``add.s(2)``) is fine."""
+        from .canvas import Signature
+
+        return Signature(self, args, kwargs, app=self.app)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: it ignores the arguments a chain would pass it."""
+        from .canvas import Signature
+
+        return Signature(self, args, kwargs, immutable=True, app=self.app)
+
+    def signature(self, args: Sequence[Any] | None = None,
+                  kwargs: Mapping[str, Any] | None = None, **options: Any) -> Signature:
+        """A signature with ``apply_async`` options: ``add.signature((2, 2), countdown=10)``."""
+        from .canvas import Signature
+
+        return Signature(self, args, kwargs, app=self.app, **options)
+
+    def map(self, it: Iterable[Any]) -> xmap:
+        """``[self(item) for item in it]``, run by one worker task (``celery.map``)."""
+        from .builtins import xmap
+
+        return xmap(self, it, app=self.app)
+
+    def starmap(self, it: Iterable[Any]) -> xstarmap:
+        """``[self(*item) for item in it]``, run by one worker task (``celery.starmap``)."""
+        from .builtins import xstarmap
+
+        return xstarmap(self, it, app=self.app)
+
+    def chunks(self, it: Iterable[Any], n: int) -> chunks:
+        """The items (argument tuples) in parts of ``n``: a group of starmap tasks."""
+        from .builtins import chunks
+
+        return chunks(self, it, n, app=self.app)
 
     async def adelay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]:
         return await self.aapply_async(args, kwargs)

@@ -3,12 +3,13 @@ import celeriac
 EXPECTED = {
     "AsyncResult", "BrokerError", "BrokerUnavailable", "Celeriac", "CeleriacError",
     "ConfigurationError", "ContentDisallowed", "DecodeError", "EagerResult", "EncodeError",
-    "Hooks", "Ignore", "MaxRetriesExceededError", "MessageTooLarge", "NotRegistered",
+    "GroupResult", "Hooks", "Ignore", "MaxRetriesExceededError", "MessageTooLarge", "NotRegistered",
     "OperationalError", "Reject",
-    "Request", "ResultTimeout", "Retry", "SerializationError", "Settings",
+    "Request", "ResultTimeout", "Retry", "SerializationError", "Settings", "Signature",
     "SoftTimeLimitExceeded", "Task", "TaskControl", "TaskError", "TaskFailed", "TaskRevoked",
     "TimeLimitExceeded", "Worker", "WorkerLostError", "WorkerShutdown", "WorkerTerminate",
-    "__version__", "current_app", "shared_task", "signals", "states",
+    "__version__", "chain", "chunks", "current_app", "group", "shared_task", "signals",
+    "signature", "states",
 }
 
 

@@ -1,0 +1,121 @@
+"""Celery's built-in canvas tasks, ``celery.map`` and ``celery.starmap``, and the
+signatures that send them: ``task.map(items)``, ``task.starmap(items)``,
+``chunks(task, items, n)``.
+
+The tasks keep Celery's names so that the wire matches: a Celery client's
+``add.map(...)`` message runs on a celeriac worker, and ours on Celery's. Every app
+registers them when it is made (``register_builtins``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .canvas.signature import Signature, maybe_signature, signature
+from .canvas.workflows import group
+from .result import GroupResult
+
+if TYPE_CHECKING:
+    from ._state import SharedTask
+    from .app import Celeriac
+    from .tasks import Task
+
+
+def register_builtins(app: Celeriac) -> None:
+    """Register ``celery.map`` and ``celery.starmap`` on ``app``. Each gets the member
+    task as a signature dict and calls it once per item, here, in the one worker task
+    (Celery's: the member's own partial arguments and options are not used)."""
+
+    def xmap(task: dict[str, Any], it: list[Any]) -> list[Any]:
+        fn = signature(task, app=app).type
+        return [fn(item) for item in it]
+
+    def xstarmap(task: dict[str, Any], it: list[Any]) -> list[Any]:
+        fn = signature(task, app=app).type
+        return [fn(*item) for item in it]
+
+    app._register(xmap, {"name": "celery.map"})
+    app._register(xstarmap, {"name": "celery.starmap"})
+
+
+def _member(task: Task[Any, Any] | SharedTask | Mapping[str, Any], app: Celeriac | None
+            ) -> Signature:
+    # A task, a shared_task proxy (it has the task's methods), or a signature (dict).
+    return maybe_signature(task, app) if isinstance(task, Mapping) else task.s()
+
+
+class _basemap(Signature):
+    """One ``celery.map``/``celery.starmap`` call: ``{"task": <signature>, "it": [...]}``
+    as kwargs, immutable (Celery's: its dict has no ``subtask_type``)."""
+
+    task_name = ""
+
+    def __init__(self, task: Task[Any, Any] | SharedTask | Mapping[str, Any],
+                 it: Iterable[Any], *,
+                 app: Celeriac | None = None, **options: Any) -> None:
+        member = _member(task, app)
+        super().__init__(self.task_name, (), {"task": member, "it": list(it)}, options,
+                         immutable=True, app=app or member._app)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+        kwargs = d.get("kwargs") or {}
+        return cls(kwargs["task"], kwargs.get("it") or (), app=app, **(d.get("options") or {}))
+
+    def apply_async(self, args: Sequence[Any] | None = None,
+                    kwargs: Mapping[str, Any] | None = None, **options: Any) -> Any:
+        # Routed as the member task would be (Celery's route_name): the queue whose
+        # workers have that task.
+        if options.get("queue") is None and self.options.get("queue") is None:
+            name = self.kwargs["task"]["task"]
+            own = self.app.tasks.get(name)
+            options["queue"] = (own.options.queue if own else None) or self.app.route(name)
+        return super().apply_async(args, kwargs, **options)
+
+
+class xmap(_basemap):
+    """``task.map(items)``: ``[task(item) for item in items]`` in one worker task."""
+
+    task_name = "celery.map"
+
+
+class xstarmap(_basemap):
+    """``task.starmap(items)``: ``[task(*item) for item in items]`` in one worker task."""
+
+    task_name = "celery.starmap"
+
+
+class chunks(Signature):
+    """``chunks(task, items, n)``: the items split into ``n``-sized parts, one
+    ``celery.starmap`` task per part, sent as a group (Celery's)."""
+
+    def __init__(self, task: Task[Any, Any] | SharedTask | Mapping[str, Any],
+                 it: Iterable[Any], n: int, *, app: Celeriac | None = None, **options: Any) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"chunks: n must be an int >= 1, got {n!r}")
+        member = _member(task, app)
+        super().__init__("celery.chunks", (), {"task": member, "it": list(it), "n": n},
+                         options, immutable=True, app=app or member._app)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+        kwargs = d.get("kwargs") or {}
+        return cls(kwargs["task"], kwargs.get("it") or (), kwargs["n"], app=app,
+                   **(d.get("options") or {}))
+
+    def group(self) -> group:
+        task, it, n = self.kwargs["task"], self.kwargs["it"], self.kwargs["n"]
+        return group([xstarmap(task, it[i:i + n], app=self._app)
+                      for i in range(0, len(it), n)], app=self._app, **self.options)
+
+    def __call__(self, *args: Any, **options: Any) -> GroupResult:
+        return self.apply_async(**options)
+
+    def apply_async(self, args: Sequence[Any] | None = None,  # type: ignore[override]
+                    kwargs: Mapping[str, Any] | None = None, **options: Any) -> GroupResult:
+        return self.group().apply_async(args, kwargs, **options)
+
+    def apply(self, args: Sequence[Any] | None = None,  # type: ignore[override]
+              kwargs: Mapping[str, Any] | None = None, **options: Any) -> GroupResult:
+        return self.group().apply(args, kwargs, **options)

@@ -1,0 +1,360 @@
+"""``Signature``: one task call as a dict with Celery's keys, and what sends it."""
+
+from __future__ import annotations
+
+import builtins
+import copy
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+from .. import _state
+from .._state import SharedTask
+from ..errors import NotRegistered
+from ..protocol import new_id
+from ..result import AsyncResult, GroupResult
+from ..tasks import Task, current_request
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+    from ..transports.base import Outgoing
+
+Result = AsyncResult[Any] | GroupResult
+"""What applying a canvas returns: a group's is a ``GroupResult``."""
+CHORDS_UNAVAILABLE = "chords are not available yet"
+KEYS = ("task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size")
+"""A signature dict's keys, as Celery writes them."""
+
+
+class Signature(dict[str, Any]):
+    """One task call: name, arguments and ``apply_async`` options, as a dict.
+
+    Arguments given later are prepended (Celery's rule: a chain passes the previous
+    result first), so ``add.s(2).delay(3)`` sends ``add(3, 2)``. An immutable signature
+    (``add.si(1, 2)``) ignores them.
+    """
+
+    TYPES: ClassVar[dict[str, builtins.type[Signature]]] = {}
+    """Subclasses by ``subtask_type``: what ``signature(d)`` rebuilds a dict as."""
+
+    def __init__(self, task: str | Task[Any, Any] | SharedTask | Mapping[str, Any],
+                 args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                 options: Mapping[str, Any] | None = None, *,
+                 subtask_type: str | None = None, immutable: bool = False,
+                 app: Celeriac | None = None, **ex: Any) -> None:
+        self._app = app
+        self._type: Task[Any, Any] | None = None
+        if isinstance(task, Mapping):  # a dict that travelled: normalize what JSON changed
+            super().__init__(task)
+            self["args"] = tuple(self.get("args") or ())
+            self["kwargs"] = dict(self.get("kwargs") or {})
+            opts = self["options"] = dict(self.get("options") or {})
+            for key in ("link", "link_error"):
+                if opts.get(key):
+                    opts[key] = [maybe_signature(s, app) for s in _as_list(opts[key])]
+            for key in KEYS:
+                self.setdefault(key, False if key == "immutable" else None)
+            return
+        if isinstance(task, Task):
+            self._type, name = task, task.name
+            self._app = app or task.app
+        elif isinstance(task, str) and task:
+            name = task
+        elif isinstance(task, SharedTask):
+            name = str(task.name)
+        else:
+            raise TypeError(f"a signature needs a task or a task name, got {task!r}")
+        super().__init__(task=name, args=tuple(args or ()), kwargs=dict(kwargs or {}),
+                         options={**(options or {}), **ex}, subtask_type=subtask_type,
+                         immutable=immutable, chord_size=None)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+        target = cls.TYPES.get(d.get("subtask_type") or "")
+        if target is not None and target is not cls:
+            return target.from_dict(d, app)
+        return cls(d, app=app)
+
+    # -- Celery's dict keys as attributes ----------------------------------------------
+    @property
+    def task(self) -> str:
+        return str(self["task"])
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        return tuple(self["args"])
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = self["kwargs"]
+        return kwargs
+
+    @property
+    def options(self) -> dict[str, Any]:
+        options: dict[str, Any] = self["options"]
+        return options
+
+    @property
+    def subtask_type(self) -> str | None:
+        return self.get("subtask_type")
+
+    @property
+    def immutable(self) -> bool:
+        return bool(self.get("immutable"))
+
+    @immutable.setter
+    def immutable(self, value: bool) -> None:
+        self["immutable"] = bool(value)
+
+    @property
+    def id(self) -> str | None:
+        """The task id, once assigned (``freeze``, or ``set(task_id=...)``)."""
+        return self.options.get("task_id")
+
+    @property
+    def app(self) -> Celeriac:
+        return self._app or _state.get_current_app()
+
+    @property
+    def type(self) -> Task[Any, Any]:
+        """The registered task, in this process's app."""
+        if self._type is None:
+            try:
+                self._type = self.app.tasks[self.task]
+            except KeyError:
+                raise NotRegistered(self.task) from None
+        return self._type
+
+    # -- building ------------------------------------------------------------------------
+    def _merge(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+               options: Mapping[str, Any] | None
+               ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+        """Partial application: args prepended, kwargs and options merged over this
+        signature's; an immutable signature keeps its own arguments."""
+        opts = {**self.options, **options} if options else dict(self.options)
+        if self.immutable:
+            return self.args, dict(self.kwargs), opts
+        return ((*args, *self.args) if args else self.args,
+                {**self.kwargs, **kwargs} if kwargs else dict(self.kwargs), opts)
+
+    def clone(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+              **options: Any) -> Self:
+        """A copy, with partial ``args``/``kwargs`` and ``options`` applied."""
+        a, k, o = self._merge(args, kwargs, options)
+        d = copy.deepcopy({**self, "args": a, "kwargs": k, "options": o})
+        new = type(self).from_dict(d, self._app)
+        new._type = self._type
+        return new  # type: ignore[return-value]  # from_dict of type(self) is one
+
+    partial = clone
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        # Copy the data, never the app (nor the task) a signature is bound to.
+        new = type(self).from_dict(copy.deepcopy(dict(self), memo), self._app)
+        new._type = self._type
+        return new  # type: ignore[return-value]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _rebuild, (dict(self),)  # pickle the dict, not the bound app
+
+    def set(self, immutable: bool | None = None, **options: Any) -> Self:
+        """Set ``apply_async`` options (``countdown=``, ``queue=``...); returns self."""
+        if immutable is not None:
+            self.immutable = immutable
+        self.options.update(options)
+        return self
+
+    def set_immutable(self, immutable: bool) -> None:
+        self.immutable = immutable
+
+    def link(self, callback: Mapping[str, Any]) -> Signature:
+        """Call ``callback`` with this task's return value once it succeeds."""
+        return self._append_option("link", callback)
+
+    def link_error(self, errback: Mapping[str, Any]) -> Signature:
+        """Call ``errback`` if this task fails."""
+        return self._append_option("link_error", errback)
+
+    def _append_option(self, key: str, value: Mapping[str, Any]) -> Signature:
+        sig = maybe_signature(value, self._app)
+        items = self.options.get(key)
+        items = self.options[key] = _as_list(items)
+        if sig not in items:
+            items.append(sig)
+        return sig
+
+    def freeze(self, task_id: str | None = None, *, group_id: str | None = None,
+               group_index: int | None = None, root_id: str | None = None,
+               parent_id: str | None = None) -> AsyncResult[Any]:
+        """Assign the task id now (kept if already set) and return its result."""
+        opts = self.options
+        tid = opts.get("task_id") or task_id or new_id()
+        opts["task_id"] = tid
+        if root_id:
+            opts["root_id"] = root_id
+        if parent_id:
+            opts["parent_id"] = parent_id
+        if group_id and "group_id" not in opts:
+            opts["group_id"] = group_id
+        if group_index is not None:
+            opts["group_index"] = group_index
+        return AsyncResult(tid, self.app, self.task)
+
+    def __or__(self, other: Any) -> Any:
+        # ``|`` chains (Celery's canvas), where a dict's would merge.
+        from .workflows import chain, group
+
+        if isinstance(self, group) and isinstance(other, Signature):
+            raise NotImplementedError(f"{CHORDS_UNAVAILABLE}: group | task is a chord "
+                                      "in Celery")
+        if not isinstance(other, Signature):
+            return NotImplemented
+        steps = [*(self.tasks if isinstance(self, chain) else [self]),
+                 *(other.tasks if isinstance(other, chain) else [other])]
+        return chain(*(s.clone() for s in steps), app=self._app or other._app)
+
+    def __ior__(self, other: Any) -> Any:
+        return self.__or__(other)
+
+    def __repr__(self) -> str:
+        parts = [*map(repr, self.args), *(f"{k}={v!r}" for k, v in self.kwargs.items())]
+        return f"{'%' if self.immutable else ''}{self.task}({', '.join(parts)})"
+
+    # -- running -------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the task here, as a plain function call."""
+        a, k, _ = self._merge(args, kwargs, None)
+        return self.type(*a, **k)
+
+    def delay(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
+        return self.apply_async(args, kwargs)
+
+    def apply_async(self, args: Sequence[Any] | None = None,
+                    kwargs: Mapping[str, Any] | None = None, **options: Any
+                    ) -> AsyncResult[Any]:
+        """Send the task: partial args prepended, options merged over the signature's
+        (``task_always_eager``: run it here). Returns its ``AsyncResult``."""
+        options = {k: v for k, v in options.items() if v is not None}  # Celery drops Nones
+        if self.app.settings.task_always_eager:
+            return self.apply(args, kwargs, **options)
+        a, k, o = self._merge(args, kwargs, options)
+        o = _with_task_defaults(self.app, self.task, o)
+        retry, policy = o.pop("retry", None), o.pop("retry_policy", None)
+        embed = _pop_embed(o)
+        if not embed and "group_index" not in o:
+            return self.app.send_task(self.task, a, k, retry=retry, retry_policy=policy, **o)
+        item = self.app._prepare(self.task, a, k, embed=embed, **o)
+        self.app.publish_prepared([item], retry=retry, retry_policy=policy)
+        return AsyncResult(item.message.headers["id"], self.app, self.task)
+
+    def _outgoing(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                  options: Mapping[str, Any]) -> tuple[Outgoing, Result]:
+        """The message ``apply_async`` would publish and its result, unpublished (a
+        group publishes its members' in bulk). Retry options are the caller's to use."""
+        a, k, o = self._merge(args, kwargs, options)
+        o = _with_task_defaults(self.app, self.task, o)
+        for key in ("retry", "retry_policy"):
+            o.pop(key, None)
+        embed = _pop_embed(o)
+        item = self.app._prepare(self.task, a, k, embed=embed, **o)
+        return item, AsyncResult(item.message.headers["id"], self.app, self.task)
+
+    def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+              **options: Any) -> AsyncResult[Any]:
+        """Run the task here and now (eager); ``link`` callbacks run after a success.
+        Errbacks are not run eagerly."""
+        a, k, o = self._merge(args, kwargs, {k: v for k, v in options.items()
+                                             if v is not None})
+        result = self.type.apply(a, k, task_id=o.get("task_id"))
+        if o.get("link") and result.successful():
+            value = result.get()
+            for callback in _as_list(o["link"]):
+                maybe_signature(callback, self.app).apply((value,))
+        return result
+
+
+def _rebuild(d: dict[str, Any]) -> Signature:
+    return Signature.from_dict(d)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    return [value]  # one signature (a dict) given where Celery allows a list
+
+
+def signature(varies: str | Task[Any, Any] | SharedTask | Mapping[str, Any],
+              args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+              *, app: Celeriac | None = None, **options: Any) -> Signature:
+    """A signature: a copy of one, one rebuilt from a dict (as it travelled in a
+    message: chains and groups rebuild as their own types, by ``subtask_type``), or a
+    new one from a task or task name."""
+    if isinstance(varies, Signature):
+        sig = varies.clone()
+        sig._app = app or varies._app
+        return sig
+    if isinstance(varies, Mapping):
+        return Signature.from_dict(varies, app)
+    return Signature(varies, args, kwargs, app=app, **options)
+
+
+def maybe_signature(d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+    """``d`` itself if it is a signature (bound to ``app`` if given), else rebuilt."""
+    if isinstance(d, Signature):
+        if app is not None:
+            d._app = app
+        return d
+    if isinstance(d, Mapping):
+        return Signature.from_dict(d, app)
+    raise TypeError(f"expected a signature or a signature dict, got {d!r}")
+
+
+def plain(value: Any) -> Any:
+    """``value`` with signatures (and tuples) made plain dicts (and lists): what goes in
+    an embed, the same under every serializer (pickle would keep the class)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _with_task_defaults(app: Celeriac, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The registered task's own options under the call's, as ``Task.apply_async``."""
+    task = app.tasks.get(name)
+    if task is None:
+        return options
+    o = task.options
+    for key, value in (("queue", o.queue), ("priority", o.priority), ("expires", o.expires),
+                       ("serializer", o.serializer), ("time_limit", o.time_limit),
+                       ("soft_time_limit", o.soft_time_limit)):
+        if options.get(key) is None and value is not None:
+            options[key] = value
+    options.setdefault("ignore_result", task.ignore_result)
+    return options
+
+
+def _pop_embed(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the canvas options out of ``options``: the message body's embed."""
+    if options.pop("chord", None) is not None:
+        raise NotImplementedError(CHORDS_UNAVAILABLE)
+    options.pop("reply_to", None)  # Celery's RPC backend's reply queue: none here
+    embed: dict[str, Any] = {}
+    for option, key in (("link", "callbacks"), ("link_error", "errbacks"), ("chain", "chain")):
+        found = _as_list(options.pop(option, None))
+        if found:
+            embed[key] = plain(found)
+    return embed
+
+
+def root_of(options: Mapping[str, Any], first_id: str) -> str:
+    """The root id a workflow's first message gets (as ``send_task`` computes it)."""
+    if options.get("root_id"):
+        return str(options["root_id"])
+    current = current_request() if options.get("add_to_parent", True) else None
+    if current is not None:
+        return current.root_id or current.id
+    return first_id

@@ -1,0 +1,282 @@
+"""``chain`` and ``group`` (and ``chord``, which is not available yet)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import new_id
+from ..result import AsyncResult, GroupResult
+from .signature import (
+    CHORDS_UNAVAILABLE,
+    Result,
+    Signature,
+    _as_list,
+    maybe_signature,
+    plain,
+    root_of,
+)
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+    from ..transports.base import Outgoing
+
+GROUP_CHUNK = 1000
+"""Messages per broker round trip when a group is sent (as ``send_many``)."""
+
+
+def _members(tasks: tuple[Any, ...], app: Celeriac | None) -> list[Signature]:
+    # chain(a, b) and chain([a, b]) (and a generator) alike, as Celery.
+    if len(tasks) == 1 and not isinstance(tasks[0], Mapping):
+        tasks = tuple(tasks[0])
+    return [maybe_signature(t, app) for t in tasks]
+
+
+class chain(Signature):
+    """Steps run one after another, each given the previous one's return value
+    (unless immutable): ``chain(a, b, c)`` or ``a | b | c``."""
+
+    def __init__(self, *tasks: Any, app: Celeriac | None = None, **options: Any) -> None:
+        steps = _members(tasks, app)
+        super().__init__("celery.chain", (), {"tasks": steps}, options,
+                         subtask_type="chain", app=app)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+        return cls(*(d.get("kwargs") or {}).get("tasks") or (), app=app,
+                   **(d.get("options") or {}))
+
+    @property
+    def tasks(self) -> list[Signature]:
+        tasks: list[Signature] = self.kwargs["tasks"]
+        return tasks
+
+    def __repr__(self) -> str:
+        return " | ".join(map(repr, self.tasks)) or "chain(<empty>)"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Result:
+        return self.apply_async(args, kwargs)
+
+    def _steps(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+               ) -> list[Signature]:
+        """The steps, copied, nested chains spliced in, the partial arguments given to
+        the first."""
+        from ..builtins import chunks
+
+        steps: list[Signature] = []
+        pending = [s.clone() for s in self.tasks]
+        while pending:
+            step = pending.pop(0)
+            if isinstance(step, chain):
+                pending[:0] = step.tasks
+            else:
+                steps.append(step.group() if isinstance(step, chunks) else step)
+        if not steps:
+            raise ValueError("cannot apply an empty chain")
+        if args or kwargs or self.args:
+            steps[0] = steps[0].clone((*(args or ()), *self.args), kwargs)
+        for step in steps[:-1]:
+            if isinstance(step, group):
+                raise NotImplementedError(f"{CHORDS_UNAVAILABLE}: a group followed by "
+                                          "another step is a chord in Celery")
+        return steps
+
+    def _freeze_steps(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                      options: dict[str, Any]) -> tuple[list[Signature], list[Result]]:
+        """Steps with their task ids assigned, and their results, each linked to the
+        result before it by ``parent``. Pops the options that belong to one step:
+        ``task_id``, ``group_id`` and ``group_index`` name the last step (the one a
+        group waits for, as Celery); ``link`` goes to the last, ``link_error`` to all."""
+        steps = self._steps(args, kwargs)
+        last_id = options.pop("task_id", None)
+        group_id, group_index = options.pop("group_id", None), options.pop("group_index", None)
+        links, errbacks = options.pop("link", None), options.pop("link_error", None)
+        first = steps[0].freeze(last_id if len(steps) == 1 else None,
+                                root_id=options.get("root_id"),
+                                parent_id=options.get("parent_id"))
+        # The worker sends each next step with parent_id = the step before and root_id =
+        # the workflow's root (Celery's trace.py); set here too so the embed is right as
+        # it stands.
+        root = root_of(options, first.id)
+        results: list[Result] = [first]
+        for i, step in enumerate(steps[1:], 1):
+            last = i == len(steps) - 1
+            res = step.freeze(last_id if last else None, root_id=root,
+                              parent_id=steps[i - 1].id)
+            res.parent = results[-1]  # type: ignore[assignment]  # never a group: no chords
+            results.append(res)
+        if group_id is not None:
+            steps[-1].set(group_id=group_id, group_index=group_index)
+        for callback in _as_list(links):
+            steps[-1].link(callback)
+        for errback in _as_list(errbacks):
+            for step in steps:
+                step.link_error(errback)
+        return steps, results
+
+    def _outgoing(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                  options: Mapping[str, Any]) -> tuple[Outgoing, Result]:
+        """The first step's message, carrying the others in its embed, and the last
+        step's result."""
+        opts = {**self.options, **options}
+        steps, results = self._freeze_steps(args, kwargs, opts)
+        if isinstance(steps[0], group):
+            raise NotImplementedError("a chain that starts with a group cannot be a group "
+                                      "member or callback: apply it on its own")
+        # Celery's wire format: remaining steps last-first, the worker pops the next off
+        # the end; a chain already in the options (this chain sent as a step) runs after.
+        rest = [plain(s) for s in reversed(steps[1:])]
+        opts["chain"] = [*_as_list(opts.get("chain")), *rest]
+        item, _ = steps[0]._outgoing((), {}, opts)
+        return item, results[-1]
+
+    def apply_async(self, args: Sequence[Any] | None = None,  # type: ignore[override]
+                    kwargs: Mapping[str, Any] | None = None, **options: Any) -> Result:
+        """Send the first step (the others travel in its message); returns the last
+        step's result, whose ``parent`` chain leads back to the first."""
+        options = {k: v for k, v in options.items() if v is not None}
+        if self.app.settings.task_always_eager:
+            return self.apply(args, kwargs, **options)
+        opts = {**self.options, **options}
+        retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
+        steps = self._steps(None, None)
+        if len(steps) == 1 and isinstance(steps[0], group):
+            return steps[0].apply_async(args, kwargs, **opts)
+        item, result = self._outgoing(args, kwargs, opts)
+        self.app.publish_prepared([item], retry=retry, retry_policy=policy)
+        return result
+
+    def apply(self, args: Sequence[Any] | None = None,  # type: ignore[override]
+              kwargs: Mapping[str, Any] | None = None, **options: Any) -> Result:
+        """Run every step here, in turn, each given the previous one's value."""
+        last: Result | None = None
+        for step in self._steps(args, kwargs):
+            res = step.apply((last.get(),) if last is not None else None)
+            res.parent = last  # type: ignore[assignment]  # never a group: no chords
+            last = res
+        assert last is not None  # _steps refuses an empty chain
+        return last
+
+    def freeze(self, task_id: str | None = None,  # type: ignore[override]
+               **options: Any) -> Result:
+        """The last step's result; the steps keep their ids when the chain is sent."""
+        opts = {**self.options, **{k: v for k, v in options.items() if v is not None}}
+        if task_id:
+            opts["task_id"] = task_id
+        steps, results = self._freeze_steps(None, None, opts)
+        self.kwargs["tasks"] = steps
+        return results[-1]
+
+
+class group(Signature):
+    """Members run in parallel: ``group(a, b)``, ``group([...])``, or
+    ``group(add.s(i, i) for i in range(10))``."""
+
+    def __init__(self, *tasks: Any, app: Celeriac | None = None, **options: Any) -> None:
+        if len(tasks) == 1 and isinstance(tasks[0], group):
+            tasks = tuple(tasks[0].tasks)
+        super().__init__("celery.group", (), {"tasks": _members(tasks, app)}, options,
+                         subtask_type="group", app=app)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+        return cls(list((d.get("kwargs") or {}).get("tasks") or ()), app=app,
+                   **(d.get("options") or {}))
+
+    @property
+    def tasks(self) -> list[Signature]:
+        tasks: list[Signature] = self.kwargs["tasks"]
+        return tasks
+
+    def __len__(self) -> int:  # Celery's: the number of members
+        return len(self.tasks)
+
+    def __repr__(self) -> str:
+        return f"group({self.tasks!r})"
+
+    def __call__(self, *args: Any, **options: Any) -> Result:
+        return self.apply_async(args, **options)
+
+    def _flat(self) -> Iterator[Signature]:
+        """The members, nested groups (and chunks) flattened; not copied: sending and
+        ``apply`` apply partial arguments without changing a member."""
+        from ..builtins import chunks
+
+        for member in self.tasks:
+            if isinstance(member, chunks):
+                member = member.group()
+            if isinstance(member, group):
+                yield from member._flat()
+            else:
+                yield member
+
+    def apply_async(self, args: Sequence[Any] | None = None,  # type: ignore[override]
+                    kwargs: Mapping[str, Any] | None = None, **options: Any) -> GroupResult:
+        """Send every member, ``GROUP_CHUNK`` messages per broker round trip, each with
+        the group id in its ``group`` header and its place in ``group_index``."""
+        options = {k: v for k, v in options.items() if v is not None}
+        if "link" in options or "link_error" in options:
+            raise TypeError("cannot link a group: link its members (a callback after "
+                            f"the whole group is a chord, and {CHORDS_UNAVAILABLE})")
+        if self.app.settings.task_always_eager:
+            return self.apply(args, kwargs, **options)
+        opts = {**self.options, **options}
+        group_id = opts.pop("task_id", None) or new_id()
+        retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
+        results: list[AsyncResult[Any]] = []
+
+        def messages() -> Iterator[Outgoing]:
+            for index, member in enumerate(self._flat()):
+                item, res = member._outgoing(
+                    args, kwargs, {**opts, "group_id": group_id, "group_index": index})
+                results.append(res)  # type: ignore[arg-type]  # groups were flattened
+                yield item
+
+        self.app.publish_prepared(messages(), chunk_size=GROUP_CHUNK, retry=retry,
+                                  retry_policy=policy)
+        return GroupResult(group_id, results, self.app)
+
+    def apply(self, args: Sequence[Any] | None = None,  # type: ignore[override]
+              kwargs: Mapping[str, Any] | None = None, **options: Any) -> GroupResult:
+        """Run every member here, in order (eager)."""
+        group_id = options.get("task_id") or self.options.get("task_id") or new_id()
+        results = [m.apply(args, kwargs) for m in self._flat()]
+        return GroupResult(group_id, results, self.app)
+
+    def freeze(self, task_id: str | None = None,  # type: ignore[override]
+               **options: Any) -> GroupResult:
+        """Assign the group id and the members' task ids now."""
+        group_id = self.options.setdefault("task_id", task_id or new_id())
+        members = [m.clone() for m in self._flat()]
+        self.kwargs["tasks"] = members
+        results = [m.freeze(group_id=group_id, group_index=i, root_id=options.get("root_id"),
+                            parent_id=options.get("parent_id"))
+                   for i, m in enumerate(members)]
+        return GroupResult(group_id, results, self.app)
+
+
+class chord(Signature):
+    """Celery's chord (a group, then a callback given all its results): not available
+    yet. It can be built, and travels as Celery's dict, but not applied."""
+
+    def __init__(self, header: Iterable[Any], body: Mapping[str, Any] | None = None, *,
+                 app: Celeriac | None = None, **options: Any) -> None:
+        super().__init__("celery.chord", (), {
+            "header": group(list(header), app=app),
+            "body": maybe_signature(body, app) if body is not None else None},
+            options, subtask_type="chord", app=app)
+
+    def apply_async(self, args: Sequence[Any] | None = None,
+                    kwargs: Mapping[str, Any] | None = None, **options: Any
+                    ) -> AsyncResult[Any]:
+        raise NotImplementedError(CHORDS_UNAVAILABLE)
+
+    def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+              **options: Any) -> AsyncResult[Any]:
+        raise NotImplementedError(CHORDS_UNAVAILABLE)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(CHORDS_UNAVAILABLE)
+
+
+Signature.TYPES.update(chain=chain, group=group, chord=chord)

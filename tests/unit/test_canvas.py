@@ -1,0 +1,436 @@
+"""Canvas: signatures, chains, groups, map/starmap/chunks, eager and on the memory broker.
+
+A chain through a real worker needs the worker side of canvas (executing a message's
+embed), built separately: here chains are checked on the wire, and a next step is sent
+from an embed as a worker would send it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+import celeriac
+from celeriac import (
+    Celeriac,
+    GroupResult,
+    ResultTimeout,
+    Signature,
+    chain,
+    chunks,
+    group,
+    signature,
+    states,
+)
+from celeriac.canvas import chord
+from celeriac.protocol import Message
+from celeriac.tasks import Request
+from celeriac.transports.base import Outgoing
+
+
+def make_app(**settings: Any) -> Celeriac:
+    url = f"memory://{uuid.uuid4().hex}"
+    return Celeriac(f"c{uuid.uuid4().hex[:6]}", broker=url, backend=url, **settings)
+
+
+@pytest.fixture
+def app() -> Iterator[Celeriac]:
+    a = make_app()
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def eager() -> Iterator[Celeriac]:
+    a = make_app(task_always_eager=True)
+    yield a
+    a.close()
+
+
+def tasks(app: Celeriac) -> tuple[Any, Any, Any]:
+    @app.task(name="t.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name="t.mul")
+    def mul(x: int, y: int) -> int:
+        return x * y
+
+    @app.task(name="t.double")
+    def double(x: int) -> int:
+        return 2 * x
+
+    return add, mul, double
+
+
+def fetch_all(app: Celeriac, queue: str = "celery", limit: int = 10_000) -> list[Message]:
+    async def take() -> list[Message]:
+        t = app.transport
+        await t.connect("probe")
+        out: list[Message] = []
+        while len(out) < limit:
+            got = await t.fetch([queue], 1000, 0.05)
+            if not got:
+                break
+            await t.ack(got)
+            out.extend(d.message for d in got)
+        return out
+
+    return asyncio.run(take())
+
+
+def body(m: Message) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    args, kwargs, embed = orjson.loads(m.body)
+    return args, kwargs, embed
+
+
+# -- signatures ----------------------------------------------------------------------------
+def test_a_signature_is_celerys_dict_and_survives_json(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    sig = add.s(2, k=1).set(countdown=5)
+    sig.link(mul.s(3))
+    d = json.loads(json.dumps(sig))
+    assert set(d) == {"task", "args", "kwargs", "options", "subtask_type", "immutable",
+                      "chord_size"}
+    assert (d["task"], d["args"], d["kwargs"], d["immutable"]) == ("t.add", [2], {"k": 1}, False)
+    assert d["options"]["link"][0]["task"] == "t.mul"
+    again = signature(d, app=app)
+    assert again == sig and isinstance(again, Signature) and again.app is app
+    assert again.options["link"][0] == mul.s(3)
+    assert pickle.loads(pickle.dumps(sig)) == sig
+    for composite in (add.s(1, 1) | mul.s(2), group(add.s(1, 1), mul.s(2, 2))):
+        rebuilt = signature(json.loads(json.dumps(composite)), app=app)
+        assert type(rebuilt) is type(composite) and rebuilt == composite
+
+
+def test_signature_constructors(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    assert add.signature((1, 2), {"z": 3}, countdown=4) == Signature(
+        "t.add", (1, 2), {"z": 3}, {"countdown": 4})
+    by_name = app.signature("elsewhere.task", args=(1,), queue="q")
+    assert (by_name.task, by_name.args, by_name.options, by_name.app) == (
+        "elsewhere.task", (1,), {"queue": "q"}, app)
+    assert app.signature(dict(by_name)) == by_name
+    assert add.si(1, 2).immutable and not add.s(1, 2).immutable
+    with pytest.raises(celeriac.NotRegistered):
+        _ = by_name.type
+    assert repr(add.s(1, y=2)) == "t.add(1, y=2)" and repr(add.si(1)) == "%t.add(1)"
+
+
+def test_partial_application_and_immutability(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    partial = add.s(2, k=1)
+    assert partial.clone(args=(1,)).args == (1, 2)
+    assert partial.clone(kwargs={"j": 2}).kwargs == {"k": 1, "j": 2}
+    assert partial.args == (2,) and partial.kwargs == {"k": 1}  # the original is untouched
+    frozen = add.si(1, 2)
+    assert frozen.clone(args=(5,), kwargs={"x": 1}).args == (1, 2)
+    assert frozen.clone(args=(5,), queue="q").options == {"queue": "q"}
+
+
+def test_set_clone_freeze_and_link(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    sig = add.s(1)
+    assert sig.set(queue="a").set(priority=3) is sig
+    assert sig.options == {"queue": "a", "priority": 3}
+    copy = sig.clone(queue="b")
+    copy.options["extra"] = 1
+    assert sig.options == {"queue": "a", "priority": 3} and copy.options["queue"] == "b"
+    assert sig.id is None
+    result = sig.freeze(task_id="fixed-id")
+    assert (result.id, sig.id, sig.freeze().id) == ("fixed-id", "fixed-id", "fixed-id")
+    assert sig.link(mul.s(2)) == mul.s(2)
+    sig.link(mul.s(2))  # already linked: not twice
+    sig.link_error(add.s(0))
+    assert sig.options["link"] == [mul.s(2)] and sig.options["link_error"] == [add.s(0)]
+
+
+def test_signature_sends_with_its_options_under_the_calls(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    app.task(name="t.routed", queue="special", priority=7)(lambda: None)
+    r = add.s(2).set(queue="a", countdown=0).apply_async((1,), queue="b")
+    [m] = fetch_all(app, "b")
+    assert (m.headers["id"], body(m)[0]) == (r.id, [1, 2])
+    app.signature("t.routed").delay()
+    [m] = fetch_all(app, "special")  # the task's own options, as Task.apply_async
+    assert m.priority == 7
+    linked = add.s(1, 1)
+    linked.link(mul.s(10))
+    linked.delay()
+    [m] = fetch_all(app)
+    assert body(m)[2]["callbacks"] == [json.loads(json.dumps(mul.s(10)))]
+
+
+def test_eager_signatures_and_callbacks(eager: Celeriac) -> None:
+    add, _, _ = tasks(eager)
+    assert add.s(2).delay(3).get() == 5
+    assert add.s(2)(3) == 5  # a plain call, here
+    seen: list[int] = []
+    eager.task(name="t.seen")(seen.append)
+    sig = add.s(2, 2)
+    sig.link(eager.signature("t.seen"))
+    assert sig.apply().get() == 4 and seen == [4]
+
+
+# -- chains --------------------------------------------------------------------------------
+def test_a_chain_sends_its_first_task_with_the_rest_reversed_in_the_embed(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    result = (add.s(1, 1) | add.s(10) | mul.s(2)).apply_async()
+    [m] = fetch_all(app)  # only the first step is sent
+    args, _, embed = body(m)
+    second, first = result.parent, result.parent.parent
+    assert first.parent is None and first.id == m.headers["id"] and args == [1, 1]
+    assert [s["task"] for s in embed["chain"]] == ["t.mul", "t.add"]  # last step first
+    assert [s["options"]["task_id"] for s in embed["chain"]] == [result.id, second.id]
+    assert embed["chain"][1]["options"]["parent_id"] == first.id
+    assert embed["chain"][0]["options"]["parent_id"] == second.id
+    assert {s["options"]["root_id"] for s in embed["chain"]} == {m.headers["root_id"]} == {
+        first.id}
+    assert embed["callbacks"] is None and embed["chord"] is None
+
+    # What the worker does once the first step returned 2: pop the next step and send it
+    # with the previous value and the rest of the chain.
+    rest = embed["chain"]
+    signature(rest.pop(), app=app).apply_async((2,), chain=rest, parent_id=first.id)
+    [m2] = fetch_all(app)
+    args2, _, embed2 = body(m2)
+    assert (m2.headers["id"], args2, m2.headers["parent_id"]) == (second.id, [2, 10], first.id)
+    assert [s["options"]["task_id"] for s in embed2["chain"]] == [result.id]
+
+
+def test_nested_chains_flatten_and_a_lone_step_is_just_sent(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    result = chain(add.s(1, 1), chain(add.s(2), mul.s(3))).apply_async()
+    [m] = fetch_all(app)
+    assert [s["task"] for s in body(m)[2]["chain"]] == ["t.mul", "t.add"]
+    assert result.parent is not None and result.parent.parent is not None
+    assert len((add.s(1) | (add.s(2) | mul.s(3))).tasks) == 3
+    single = chain(add.s(4, 4)).apply_async()
+    [m] = fetch_all(app)
+    assert m.headers["id"] == single.id and body(m)[2]["chain"] is None
+
+
+def test_a_chain_sent_from_a_task_takes_its_root(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    outer = Request(id="outer-1", task="parent", root_id="root-1", called_directly=False)
+    app.task(name="parent")(lambda: (add.s(1, 1) | mul.s(2)).delay()).run_with(outer, (), {})
+    [m] = fetch_all(app)
+    assert (m.headers["parent_id"], m.headers["root_id"]) == ("outer-1", "root-1")
+    assert body(m)[2]["chain"][0]["options"]["root_id"] == "root-1"
+
+
+def test_chain_apply_runs_eagerly_passing_results(app: Celeriac, eager: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    result = (add.s(1, 1) | add.s(10) | mul.s(2)).apply()
+    assert result.get() == 24 and result.parent.get() == 12 and result.parent.parent.get() == 2
+    assert chain(add.si(1, 1), add.si(2, 2)).apply().get() == 4  # immutable: no passing
+    assert (add.s(1) | mul.s(3)).apply((2,)).get() == 9  # partial args go to the first
+    e_add, e_mul, _ = tasks(eager)
+    assert (e_add.s(1, 1) | e_mul.s(5)).delay().get() == 10  # task_always_eager
+    assert fetch_all(app) == []
+
+
+# -- groups --------------------------------------------------------------------------------
+def test_a_group_is_sent_in_bulk_one_round_trip_per_thousand(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    calls: list[int] = []
+    transport = app.transport
+    real = transport.publish_many
+
+    def counting(items: list[Outgoing]) -> None:
+        calls.append(len(items))
+        real(items)
+
+    transport.publish_many = counting  # type: ignore[method-assign]
+    result = group(add.s(i, i) for i in range(2500)).apply_async()
+    assert calls == [1000, 1000, 500]
+    assert isinstance(result, GroupResult) and len(result) == 2500
+    messages = fetch_all(app)
+    assert len(messages) == 2500
+    by_id = {m.headers["id"]: m for m in messages}
+    for index, r in enumerate(result):
+        h = by_id[r.id].headers
+        assert (h["group"], h["group_index"]) == (result.id, index)
+
+
+def test_a_group_of_chains_sends_each_member_as_a_chain(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    result = group(add.s(1, 1) | mul.s(2), add.s(3, 3)).apply_async((), queue="g")
+    first, plain = fetch_all(app, "g")
+    last_step = body(first)[2]["chain"][0]
+    assert last_step["options"]["task_id"] == result.results[0].id
+    assert (last_step["options"]["group_id"], last_step["options"]["group_index"]) == (
+        result.id, 0)
+    assert first.headers["group"] is None  # the group waits for the chain's last step
+    assert (plain.headers["group"], plain.headers["group_index"]) == (result.id, 1)
+    assert result.results[1].id == plain.headers["id"]
+
+
+def test_group_apply_and_partial_args(eager: Celeriac) -> None:
+    add, mul, _ = tasks(eager)
+    assert group(add.s(i, i) for i in range(3)).apply().get() == [0, 2, 4]
+    assert group(add.s(1), add.s(2)).apply_async((10,)).get() == [11, 12]
+    assert group([add.s(1, 1), group(mul.s(2, 2), mul.s(3, 3))]).delay().get() == [2, 4, 9]
+    assert group(add.s(1, 1) | mul.s(3), add.si(0, 0)).apply().join() == [6, 0]
+
+
+# -- GroupResult ---------------------------------------------------------------------------
+def test_group_result_reads_in_batches(app: Celeriac) -> None:
+    backend = app.backend
+    results = [app.AsyncResult(f"id-{i}") for i in range(1200)]
+    gr = GroupResult("g-1", results, app)
+    reads: list[int] = []
+    real = backend._get
+
+    def counting(ids: Any) -> Any:
+        reads.append(len(ids))
+        return real(ids)
+
+    backend._get = counting  # type: ignore[method-assign]
+    assert gr.completed_count() == 0
+    assert reads == [500, 500, 200]
+    assert gr.waiting() and not gr.ready()
+    for i, r in enumerate(results):
+        backend.store(r.id, states.SUCCESS, i)
+    reads.clear()
+    assert gr.get(timeout=5) == list(range(1200))
+    assert len(reads) <= 3  # one read per batch of ids, not one per task
+    assert gr.completed_count() == 1200 and gr.ready() and gr.successful()
+    assert not gr.failed() and gr.join(timeout=1) == list(range(1200))
+
+
+def test_group_result_failures_timeouts_and_revoke(app: Celeriac) -> None:
+    backend = app.backend
+    a, b, c = (app.AsyncResult(i) for i in ("a", "b", "c"))
+    gr = GroupResult("g-2", [a, b, c], app)
+    backend.store("a", states.SUCCESS, 1)
+    backend.store("b", states.FAILURE, ValueError("bad"))
+    with pytest.raises(ResultTimeout, match="1 of 3"):
+        gr.get(timeout=0.05)
+    backend.store("c", states.SUCCESS, 3)
+    with pytest.raises(ValueError, match="bad"):
+        gr.get(timeout=1)
+    values = gr.get(timeout=1, propagate=False)
+    assert values[0] == 1 and isinstance(values[1], ValueError) and values[2] == 3
+    assert gr.failed() and not gr.successful() and gr.completed_count() == 2
+    assert list(gr) == [a, b, c] and gr[1] == b and gr.children == [a, b, c]
+    with pytest.raises(NotImplementedError, match="revoke is not available yet"):
+        gr.revoke()
+
+
+def test_group_result_save_and_restore(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    gr = group(add.s(i, i) for i in range(3)).apply_async()
+    assert gr.save() is gr
+    restored = GroupResult.restore(gr.id, app=app)
+    assert restored == gr and [r.id for r in restored] == [r.id for r in gr]
+    assert app.AsyncResult(gr.id).state == states.PENDING  # the group id is no task's
+    for i, r in enumerate(gr):
+        app.backend.store(r.id, states.SUCCESS, 2 * i)
+    assert restored.get(timeout=1) == [0, 2, 4]
+    gr.delete()
+    assert GroupResult.restore(gr.id, app=app) is None
+    assert GroupResult.restore("never-saved", app=app) is None
+
+
+# -- map, starmap, chunks ------------------------------------------------------------------
+def test_builtins_are_registered_on_every_app(app: Celeriac) -> None:
+    add, _, double = tasks(app)
+    assert {"celery.map", "celery.starmap"} <= set(make_app().tasks)
+    # As a worker runs them: the member task arrives as a signature dict.
+    assert app.tasks["celery.starmap"](json.loads(json.dumps(add.s())), [[1, 2]]) == [3]
+    assert app.tasks["celery.map"](dict(double.s()), [1, 2]) == [2, 4]
+
+
+def test_map_starmap_and_chunks_eager(eager: Celeriac) -> None:
+    add, _, double = tasks(eager)
+    assert double.map([1, 2, 3]).delay().get() == [2, 4, 6]
+    assert add.starmap([(1, 2), (3, 4)]).apply().get() == [3, 7]
+    pairs = list(zip(range(10), range(10), strict=True))
+    assert add.chunks(pairs, 3).apply().get() == [[0, 2, 4], [6, 8, 10], [12, 14, 16], [18]]
+    assert chunks(add.s(), pairs, 5).delay().get() == [[0, 2, 4, 6, 8], [10, 12, 14, 16, 18]]
+    with pytest.raises(ValueError, match="n must be an int >= 1"):
+        add.chunks(pairs, 0)
+
+
+def test_map_and_chunks_on_the_wire(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    routed = app.task(name="t.routed", queue="special")(lambda x: x)
+    routed.map([1, 2]).delay()
+    [m] = fetch_all(app, "special")  # routed as its member task
+    assert m.headers["task"] == "celery.map"
+    assert body(m)[1] == {"task": json.loads(json.dumps(routed.s())), "it": [1, 2]}
+    result = add.chunks([(i, i) for i in range(5)], 2).apply_async()
+    messages = fetch_all(app)
+    assert [m.headers["task"] for m in messages] == ["celery.starmap"] * 3
+    assert [body(m)[1]["it"] for m in messages] == [[[0, 0], [1, 1]], [[2, 2], [3, 3]],
+                                                    [[4, 4]]]
+    assert {m.headers["group"] for m in messages} == {result.id}
+
+
+# -- chords are not available --------------------------------------------------------------
+def test_chords_raise_a_clear_error(app: Celeriac, eager: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    with pytest.raises(NotImplementedError, match="chords are not available yet"):
+        chord([add.s(1, 1), add.s(2, 2)], mul.s(2)).apply_async()
+    with pytest.raises(NotImplementedError, match="chords are not available yet"):
+        _ = group(add.s(1, 1), add.s(2, 2)) | mul.s(2)
+    with pytest.raises(NotImplementedError, match="chords are not available yet"):
+        chain(group(add.s(1, 1)), mul.s(2)).apply_async()
+    with pytest.raises(NotImplementedError, match="chords are not available yet"):
+        add.s(1, 1).apply_async(chord=mul.s(2))
+    with pytest.raises(TypeError, match="cannot link a group"):
+        group(add.s(1, 1)).apply_async(link=mul.s(2))
+    e_add, e_mul, _ = tasks(eager)
+    with pytest.raises(NotImplementedError, match="chords are not available yet"):
+        chain(group(e_add.s(1, 1)), e_mul.s(2)).apply()
+    assert fetch_all(app) == []
+
+
+def test_frozen_ids_are_the_ids_sent(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    c = add.s(1, 1) | mul.s(2)
+    frozen = c.freeze()
+    sent = c.apply_async()
+    assert (sent.id, sent.parent.id) == (frozen.id, frozen.parent.id)
+    g = group(add.s(1, 1), group(add.s(2, 2), add.s(3, 3)))
+    frozen_group = g.freeze()
+    assert len(frozen_group) == 3
+    assert g.apply_async() == frozen_group
+    messages = fetch_all(app)
+    assert {m.headers["id"] for m in messages} == {
+        frozen.parent.id, *(r.id for r in frozen_group)}
+
+
+def test_canvas_messages_have_send_tasks_headers(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    add.s(1, 1).delay()  # through send_task
+    (add.s(1, 1) | mul.s(2)).delay()  # through the canvas path (an embed)
+    plain, chained = fetch_all(app)
+    assert set(plain.headers) == set(chained.headers)
+    assert plain.properties.keys() == chained.properties.keys()
+    assert body(plain)[2] == {"callbacks": None, "errbacks": None, "chain": None,
+                              "chord": None}
+
+
+def test_signatures_of_shared_tasks(eager: Celeriac) -> None:
+    from celeriac import _state
+
+    def triple(x: int) -> int:
+        return 3 * x
+
+    proxy = celeriac.shared_task(name="t.shared_triple")(triple)
+    try:
+        eager.set_current()
+        assert signature(proxy, (2,)).delay().get() == 6
+        assert proxy.s(3).apply().get() == 9
+        assert chunks(proxy, [(1,), (2,)], 1).apply().get() == [[3], [6]]
+    finally:  # shared tasks join every app made later: not other tests' apps
+        _state._shared[:] = [(fn, o) for fn, o in _state._shared if fn is not triple]
