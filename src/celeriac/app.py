@@ -369,35 +369,24 @@ class Celeriac:
         Takes Celery's ``apply_async`` options. ``routing_key`` names the queue when
         ``queue`` is not given (the default exchange routes by queue name); ``retry`` and
         ``retry_policy`` (``max_retries``) govern this publish's reconnection attempts;
-        ``shadow`` is the name logs and events show. ``link``, ``link_error`` and
-        ``compression`` raise ``ConfigurationError``: not supported yet, nothing sent."""
-        for option, value, why in (("link", link, "callbacks come with canvas"),
-                                   ("link_error", link_error, "callbacks come with canvas"),
-                                   ("compression", compression, "messages are not compressed")):
-            if value is not None:
-                raise ConfigurationError(f"send_task({name!r}): {option}= is not supported "
-                                         f"yet ({why}); nothing was sent")
-        if exchange not in (None, ""):
-            raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
-                                     "supported: messages go to the queue named by queue= "
-                                     "or routing_key=; nothing was sent")
-        extra = dict(headers) if headers else {}
-        if shadow is not None:
-            extra["shadow"] = shadow
-        if group_id is not None:
-            extra["group"] = group_id
-        current = current_request() if add_to_parent else None
-        if parent_id is not None or current is not None:
-            extra["parent_id"] = parent_id or (current.id if current else None)
-        if root_id is not None or current is not None:
-            extra["root_id"] = root_id or (current.root_id or current.id if current else None)
-        message, queue, delay = self._build(
-            name, args, kwargs, countdown=countdown, eta=eta, expires=expires,
-            queue=queue or routing_key, priority=priority, task_id=task_id,
-            headers=extra or None, serializer=serializer, retries=retries,
-            time_limit=time_limit, soft_time_limit=soft_time_limit,
-            ignore_result=ignore_result,
-        )
+        ``shadow`` is the name logs and events show; ``link`` and ``link_error`` (a
+        signature or a list of them) run after the task, with its result or its failure.
+        ``compression`` raises ``ConfigurationError`` (nothing is sent)."""
+        if compression is not None:
+            raise ConfigurationError(f"send_task({name!r}): compression= is not supported "
+                                     "(messages are not compressed); nothing was sent")
+        embed = None
+        if link is not None or link_error is not None:
+            embed = {"callbacks": self._linked(link, "link"),
+                     "errbacks": self._linked(link_error, "link_error")}
+        item = self._prepare(
+            name, args, kwargs, embed=embed, countdown=countdown, eta=eta, expires=expires,
+            queue=queue, priority=priority, task_id=task_id, headers=headers,
+            serializer=serializer, retries=retries, time_limit=time_limit,
+            soft_time_limit=soft_time_limit, ignore_result=ignore_result, shadow=shadow,
+            routing_key=routing_key, exchange=exchange, parent_id=parent_id, root_id=root_id,
+            group_id=group_id, add_to_parent=add_to_parent)
+        queue, message, delay = item.queue, item.message, item.delay
         if self.hooks:
             self.hooks.call("before_publish", message, queue)
         if retry is None and retry_policy is None:
@@ -412,6 +401,17 @@ class Celeriac:
         if self.settings.task_send_sent_event:
             self._send_sent_event(message, queue)
         return _result.AsyncResult(message.headers["id"], self, name)
+
+    def _linked(self, value: Any, option: str) -> list[dict[str, Any]] | None:
+        """``link=``/``link_error=`` as the signature dicts the message carries."""
+        if value is None:
+            return None
+        items = value if isinstance(value, (list, tuple)) else [value]
+        try:
+            return [dict(self.signature(item)) for item in items]
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"{option}= must be a signature or a list of them: "
+                                     f"{exc}") from None
 
     def send_many(
         self,

@@ -198,3 +198,8 @@ def on_error(request, exc, traceback):  # type: ignore[no-untyped-def]
 def failed_id(task_id: str) -> str:
     """An old-style errback: sent with the failed task's id."""
     return task_id
+
+
+@app.task
+def total(numbers: list[int]) -> int:
+    return sum(numbers)

@@ -168,9 +168,14 @@ def test_apply_async_takes_celerys_options_or_names_the_one_it_cannot() -> None:
         "job[report]", [30, 20], "t1")
     with pytest.raises(TypeError, match=r"unknown option.*: frobnicate"):
         job.apply_async((1,), frobnicate=True)
-    for option in ("link", "link_error", "compression"):
-        with pytest.raises(ConfigurationError, match=f"{option}= is not supported yet"):
-            job.apply_async((1,), **{option: "x"})
+    with pytest.raises(ConfigurationError, match="compression= is not supported"):
+        job.apply_async((1,), compression="zlib")
+    job.apply_async((1,), link=job.s(2), link_error=[job.si(3)])
+    linked = fetch_one(app, "celery")
+    _, _, embed = serialization.loads(linked.body, linked.content_type,
+                                      frozenset({linked.content_type}))
+    assert [(s["task"], s["args"]) for s in embed["callbacks"]] == [(job.name, [2])]
+    assert [(s["task"], s["immutable"]) for s in embed["errbacks"]] == [(job.name, True)]
     with pytest.raises(ConfigurationError, match="exchange='other' is not supported"):
         job.apply_async((1,), exchange="other")
     app.close()

@@ -1,0 +1,62 @@
+"""Canvas through a real prefork worker: chains pass results along, groups come back in
+order, links and errbacks run, map/starmap/chunks run as one task per chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from celeriac import Celeriac, GroupResult, chain, chunks, group
+from celeriac.testing import WorkerProcess
+from tests.integration import app_tasks as t
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def worker(start_worker: Callable[..., WorkerProcess]) -> WorkerProcess:
+    return start_worker("-c", "2", "-P", "prefork")
+
+
+def test_a_chain_passes_each_result_on_and_links_its_results(
+        app: Celeriac, worker: WorkerProcess) -> None:
+    r = (t.add.s(1, 2) | t.add.s(10) | t.add.s(100)).apply_async()
+    assert r.get(timeout=15) == 113
+    assert r.parent is not None and r.parent.get(timeout=5) == 13
+    assert r.parent.parent is not None and r.parent.parent.get(timeout=5) == 3
+    assert chain(t.add.si(1, 1), t.add.si(2, 2)).apply_async().get(timeout=15) == 4
+
+
+def test_a_group_returns_results_in_member_order(app: Celeriac, worker: WorkerProcess
+                                                 ) -> None:
+    g = group(t.add.s(i, i) for i in range(50)).apply_async()
+    assert isinstance(g, GroupResult)
+    assert g.get(timeout=20) == [2 * i for i in range(50)]
+    assert g.completed_count() == 50 and g.successful()
+    g.save()
+    again = GroupResult.restore(g.id, app=app)
+    assert again is not None and again.get(timeout=5) == g.get(timeout=5)
+
+
+def test_a_group_of_chains(app: Celeriac, worker: WorkerProcess) -> None:
+    g = group(t.add.s(i, 1) | t.add.s(10) for i in range(5)).apply_async()
+    assert g.get(timeout=20) == [i + 11 for i in range(5)]
+
+
+def test_link_and_link_error(app: Celeriac, worker: WorkerProcess) -> None:
+    linked = t.add.s(100)
+    linked.freeze()
+    assert t.add.apply_async((1, 2), link=linked).get(timeout=15) == 3
+    assert app.AsyncResult(linked.id).get(timeout=15) == 103
+    noted = t.failed_id.s()
+    noted.freeze()
+    failing = t.boom.apply_async(("value",), link_error=noted)
+    assert app.AsyncResult(noted.id).get(timeout=15) == failing.id
+
+
+def test_map_starmap_and_chunks(app: Celeriac, worker: WorkerProcess) -> None:
+    assert t.total.map([[1, 2], [3, 4]]).apply_async().get(timeout=15) == [3, 7]
+    assert t.add.starmap([(1, 2), (3, 4)]).apply_async().get(timeout=15) == [3, 7]
+    parts = chunks(t.add, [(i, i) for i in range(10)], 3).apply_async()
+    assert parts.get(timeout=15) == [[0, 2, 4], [6, 8, 10], [12, 14, 16], [18]]
