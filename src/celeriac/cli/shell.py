@@ -23,7 +23,7 @@ def namespace(app: Celeriac, with_tasks: bool = True) -> dict[str, Any]:
     }
     if with_tasks:
         for name, task in sorted(app.tasks.items()):
-            if not name.startswith("celeriac."):
+            if not name.startswith(("celeriac.", "celery.")):  # built-ins: map, starmap
                 # As in Celery: of two tasks with one short name, the last (here by
                 # full name) wins; both stay reachable as app.tasks[name].
                 ns[name.rpartition(".")[2]] = task
