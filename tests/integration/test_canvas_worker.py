@@ -21,11 +21,14 @@ def worker(start_worker: Callable[..., WorkerProcess]) -> WorkerProcess:
 
 def test_a_chain_passes_each_result_on_and_links_its_results(
         app: Celeriac, worker: WorkerProcess) -> None:
-    r = (t.add.s(1, 2) | t.add.s(10) | t.add.s(100)).apply_async()
+    elsewhere = Celeriac("elsewhere", broker="memory://elsewhere")  # now the current app
+    r = (t.add.s(1, 2) | t.add.s(10) | t.add.s(100)).apply_async()  # still sent by t.app
     assert r.get(timeout=15) == 113
     assert r.parent is not None and r.parent.get(timeout=5) == 13
     assert r.parent.parent is not None and r.parent.parent.get(timeout=5) == 3
     assert chain(t.add.si(1, 1), t.add.si(2, 2)).apply_async().get(timeout=15) == 4
+    assert group(t.add.s(1, 1)).apply_async().get(timeout=15) == [2]
+    elsewhere.close()
 
 
 def test_a_group_returns_results_in_member_order(app: Celeriac, worker: WorkerProcess

@@ -32,6 +32,12 @@ def _members(tasks: tuple[Any, ...], app: Celeriac | None) -> list[Signature]:
     return [maybe_signature(t, app) for t in tasks]
 
 
+def _app_of(members: list[Signature], app: Celeriac | None) -> Celeriac | None:
+    # The members' app, not whichever app is current: a workflow of one app's tasks is
+    # sent where they are (as Celery, which takes the first member's).
+    return app or next((m._app for m in members if m._app is not None), None)
+
+
 class chain(Signature):
     """Steps run one after another, each given the previous one's return value
     (unless immutable): ``chain(a, b, c)`` or ``a | b | c``."""
@@ -39,7 +45,7 @@ class chain(Signature):
     def __init__(self, *tasks: Any, app: Celeriac | None = None, **options: Any) -> None:
         steps = _members(tasks, app)
         super().__init__("celery.chain", (), {"tasks": steps}, options,
-                         subtask_type="chain", app=app)
+                         subtask_type="chain", app=_app_of(steps, app))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
@@ -175,8 +181,9 @@ class group(Signature):
     def __init__(self, *tasks: Any, app: Celeriac | None = None, **options: Any) -> None:
         if len(tasks) == 1 and isinstance(tasks[0], group):
             tasks = tuple(tasks[0].tasks)
-        super().__init__("celery.group", (), {"tasks": _members(tasks, app)}, options,
-                         subtask_type="group", app=app)
+        members = _members(tasks, app)
+        super().__init__("celery.group", (), {"tasks": members}, options,
+                         subtask_type="group", app=_app_of(members, app))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
