@@ -63,6 +63,12 @@ class AsyncResult(Generic[R]):
         return meta.result
 
     @property
+    def info(self) -> Any:
+        """Celery's other name for ``result``: a custom state's meta while the task runs
+        (``update_state``), then its value or exception."""
+        return self.result
+
+    @property
     def traceback(self) -> str | None:
         meta = self._meta()
         return meta.traceback if meta else None

@@ -380,6 +380,22 @@ class Task(Generic[P, R]):
         if self.app.hooks:
             self.app.hooks.call("after_task", request, state, retval)
 
+    # -- progress -----------------------------------------------------------------------
+    def update_state(self, task_id: str | None = None, state: str | None = None,
+                     meta: Any = None, **kwargs: Any) -> None:
+        """Store a state for a task (by default the running one) before it ends, e.g.
+        ``self.update_state(state="PROGRESS", meta={"done": 40, "total": 100})``; callers
+        read it as ``AsyncResult.state`` and ``.info``. Any state name may be used."""
+        task_id = task_id or self.request.id
+        if not task_id:
+            raise ValueError("update_state needs task_id= outside a running task")
+        if not isinstance(state, str) or not state:
+            raise ValueError(f"state must be a non-empty string, got {state!r}")
+        if kwargs:
+            raise TypeError(f"update_state() got unexpected keyword argument(s): "
+                            f"{', '.join(sorted(kwargs))}")
+        self.app.backend.store(task_id, state, meta, retries=self.request.retries)
+
     # -- retrying -----------------------------------------------------------------------
     def retry(
         self,

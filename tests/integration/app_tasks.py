@@ -203,3 +203,13 @@ def failed_id(task_id: str) -> str:
 @app.task
 def total(numbers: list[int]) -> int:
     return sum(numbers)
+
+
+@app.task(bind=True)
+def progress(self, gate: str) -> str:  # type: ignore[no-untyped-def]
+    """Reports progress, then finishes once the test creates ``gate``."""
+    self.update_state(state="PROGRESS", meta={"done": 1, "total": 2})
+    deadline = time.monotonic() + 15
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # sleep-ok: bounded wait for the test's signal
+    return "finished"

@@ -4,11 +4,12 @@ order, links and errbacks run, map/starmap/chunks run as one task per chunk."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from celeriac import Celeriac, GroupResult, chain, chunks, group
-from celeriac.testing import WorkerProcess
+from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import app_tasks as t
 
 pytestmark = pytest.mark.slow
@@ -63,3 +64,13 @@ def test_map_starmap_and_chunks(app: Celeriac, worker: WorkerProcess) -> None:
     assert t.add.starmap([(1, 2), (3, 4)]).apply_async().get(timeout=15) == [3, 7]
     parts = chunks(t.add, [(i, i) for i in range(10)], 3).apply_async()
     assert parts.get(timeout=15) == [[0, 2, 4], [6, 8, 10], [12, 14, 16], [18]]
+
+
+def test_progress_is_a_custom_state_readable_while_the_task_runs(
+        app: Celeriac, worker: WorkerProcess, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    r = t.progress.delay(str(gate))
+    wait_until(lambda: r.state == "PROGRESS", 10, message="PROGRESS stored")
+    assert r.info == {"done": 1, "total": 2} and not r.ready()
+    gate.touch()
+    assert r.get(timeout=15) == "finished" and r.state == "SUCCESS"
