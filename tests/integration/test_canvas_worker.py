@@ -16,8 +16,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def worker(start_worker: Callable[..., WorkerProcess]) -> WorkerProcess:
-    return start_worker("-c", "2", "-P", "prefork")
+def worker(start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> WorkerProcess:
+    return start_worker("-c", "2", "-P", "prefork",
+                        extra_env={"ERRBACK_FILE": str(tmp_path / "errback")})
 
 
 def test_a_chain_passes_each_result_on_and_links_its_results(
