@@ -17,11 +17,12 @@ from . import signals, states
 from .__about__ import __version__
 from ._state import current_app, shared_task
 from .app import Celeriac
-from .canvas import Signature, chain, chunks, group, signature
+from .canvas import Signature, chain, chord, chunks, group, signature
 from .errors import (
     BrokerError,
     BrokerUnavailable,
     CeleriacError,
+    ChordError,
     ConfigurationError,
     ContentDisallowed,
     DecodeError,
@@ -57,6 +58,7 @@ __all__ = [
     "BrokerUnavailable",
     "Celeriac",
     "CeleriacError",
+    "ChordError",
     "ConfigurationError",
     "ContentDisallowed",
     "DecodeError",
@@ -89,6 +91,7 @@ __all__ = [
     "WorkerTerminate",
     "__version__",
     "chain",
+    "chord",
     "chunks",
     "current_app",
     "group",

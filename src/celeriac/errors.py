@@ -19,7 +19,8 @@
     │   ├── WorkerLostError         the process running the task died
     │   ├── TimeLimitExceeded       the hard time limit killed the task
     │   ├── SoftTimeLimitExceeded   raised inside a task at its soft time limit
-    │   └── MaxRetriesExceededError ``retry()`` past ``max_retries``
+    │   ├── MaxRetriesExceededError ``retry()`` past ``max_retries``
+    │   └── ChordError              a chord's header task failed: its body did not run
     ├── ResultTimeout               ``AsyncResult.get()`` timed out (also a TimeoutError)
     └── TaskControl                 control flow raised by tasks, not failures
         ├── Retry                   run again later (``self.retry()``)
@@ -174,3 +175,8 @@ class WorkerShutdown(BaseException):
 
 class WorkerTerminate(WorkerShutdown):
     """Ask the worker to stop at once (cold shutdown); running tasks are redelivered."""
+
+
+class ChordError(TaskError):
+    """A header task of a chord failed (or its result is gone): the body was not run.
+    The message names the task."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from celeriac import Celeriac, GroupResult, chain, chunks, group
+from celeriac import Celeriac, ChordError, GroupResult, chain, chord, chunks, group
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import app_tasks as t
 
@@ -75,3 +75,29 @@ def test_progress_is_a_custom_state_readable_while_the_task_runs(
     assert r.info == {"done": 1, "total": 2} and not r.ready()
     gate.touch()
     assert r.get(timeout=15) == "finished" and r.state == "SUCCESS"
+
+
+def test_a_chord_runs_its_body_once_with_the_header_results_in_order(
+        app: Celeriac, worker: WorkerProcess) -> None:
+    r = chord(t.add.s(i, i) for i in range(20))(t.total.s())
+    assert r.get(timeout=20) == sum(2 * i for i in range(20))
+    assert isinstance(r.parent, GroupResult)
+    assert r.parent.get(timeout=5) == [2 * i for i in range(20)]
+    assert (group(t.add.s(i, 1) for i in range(3)) | t.total.s()).apply_async().get(
+        timeout=20) == 6
+    assert chord([], t.total.s()).apply_async().get(timeout=20) == 0
+
+
+def test_a_failed_header_task_fails_the_chord_naming_it_and_the_body_does_not_run(
+        app: Celeriac, worker: WorkerProcess) -> None:
+    failing = t.boom.s("value")
+    failing.freeze()
+    noted = t.failed_id.s()
+    noted.freeze()
+    body = t.total.s()
+    body.link_error(noted)
+    r = chord([t.add.s(1, 1), failing], body).apply_async()
+    with pytest.raises(ChordError, match=f"Dependency {failing.id} raised FAILURE: "
+                                         r"ValueError\(bad value\)"):
+        r.get(timeout=20)
+    assert app.AsyncResult(noted.id).get(timeout=15) == r.id  # link_error ran, once

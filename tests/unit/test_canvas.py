@@ -375,23 +375,30 @@ def test_map_and_chunks_on_the_wire(app: Celeriac) -> None:
     assert {m.headers["group"] for m in messages} == {result.id}
 
 
-# -- chords are not available --------------------------------------------------------------
-def test_chords_raise_a_clear_error(app: Celeriac, eager: Celeriac) -> None:
+# -- chords ------------------------------------------------------------------------------
+def test_a_chord_sends_its_header_with_the_body_in_each_embed(app: Celeriac,
+                                                               eager: Celeriac) -> None:
     add, mul, _ = tasks(app)
-    with pytest.raises(NotImplementedError, match="chords are not available yet"):
-        chord([add.s(1, 1), add.s(2, 2)], mul.s(2)).apply_async()
-    with pytest.raises(NotImplementedError, match="chords are not available yet"):
-        _ = group(add.s(1, 1), add.s(2, 2)) | mul.s(2)
-    with pytest.raises(NotImplementedError, match="chords are not available yet"):
-        chain(group(add.s(1, 1)), mul.s(2)).apply_async()
-    with pytest.raises(NotImplementedError, match="chords are not available yet"):
-        add.s(1, 1).apply_async(chord=mul.s(2))
+    result = chord([add.s(1, 1), add.s(2, 2)], mul.s(2)).apply_async()
+    messages = fetch_all(app)
+    assert [m.headers["task"] for m in messages] == [add.name, add.name]
+    group_id = messages[0].headers["group"]
+    assert [m.headers["group_index"] for m in messages] == [0, 1]
+    for m in messages:
+        carried = body(m)[2]["chord"]
+        assert (carried["task"], carried["chord_size"]) == (mul.name, 2)
+        assert carried["options"]["task_id"] == result.id
+    assert isinstance(result.parent, GroupResult) and result.parent.id == group_id
+    saved = GroupResult.restore(group_id, app=app)  # what the completing worker reads
+    assert saved is not None and [r.id for r in saved.results] == [
+        m.headers["id"] for m in messages]
+    assert isinstance(group(add.s(1, 1)) | mul.s(2), chord)
+    with pytest.raises(NotImplementedError, match="a group followed by another step"):
+        chain(add.s(1, 1), group(add.s(1, 1)), mul.s(2)).apply_async()
     with pytest.raises(TypeError, match="cannot link a group"):
         group(add.s(1, 1)).apply_async(link=mul.s(2))
     e_add, e_mul, _ = tasks(eager)
-    with pytest.raises(NotImplementedError, match="chords are not available yet"):
-        chain(group(e_add.s(1, 1)), e_mul.s(2)).apply()
-    assert fetch_all(app) == []
+    assert chord([e_add.s(1, 1), e_add.s(2, 2)], e_mul.s(2)).apply().get() == [2, 4, 2, 4]
 
 
 def test_frozen_ids_are_the_ids_sent(app: Celeriac) -> None:

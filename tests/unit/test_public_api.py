@@ -1,14 +1,14 @@
 import celeriac
 
 EXPECTED = {
-    "AsyncResult", "BrokerError", "BrokerUnavailable", "Celeriac", "CeleriacError",
+    "AsyncResult", "BrokerError", "BrokerUnavailable", "Celeriac", "CeleriacError", "ChordError",
     "ConfigurationError", "ContentDisallowed", "DecodeError", "EagerResult", "EncodeError",
     "GroupResult", "Hooks", "Ignore", "MaxRetriesExceededError", "MessageTooLarge", "NotRegistered",
     "OperationalError", "Reject",
     "Request", "ResultTimeout", "Retry", "SerializationError", "Settings", "Signature",
     "SoftTimeLimitExceeded", "Task", "TaskControl", "TaskError", "TaskFailed", "TaskRevoked",
     "TimeLimitExceeded", "Worker", "WorkerLostError", "WorkerShutdown", "WorkerTerminate",
-    "__version__", "chain", "chunks", "current_app", "group", "shared_task", "signals",
+    "__version__", "chain", "chord", "chunks", "current_app", "group", "shared_task", "signals",
     "signature", "states",
 }
 

@@ -203,9 +203,11 @@ class Signature(dict[str, Any]):
         # ``|`` chains (Celery's canvas), where a dict's would merge.
         from .workflows import chain, group
 
-        if isinstance(self, group) and isinstance(other, Signature):
-            raise NotImplementedError(f"{CHORDS_UNAVAILABLE}: group | task is a chord "
-                                      "in Celery")
+        if isinstance(self, group) and isinstance(other, Signature) and not isinstance(
+                other, (group, chain)):
+            from .workflows import chord
+
+            return chord(self, other.clone(), app=self._app or other._app)
         if not isinstance(other, Signature):
             return NotImplemented
         steps = [*(self.tasks if isinstance(self, chain) else [self]),
@@ -339,14 +341,15 @@ def _with_task_defaults(app: Celeriac, name: str, options: dict[str, Any]) -> di
 
 def _pop_embed(options: dict[str, Any]) -> dict[str, Any]:
     """Take the canvas options out of ``options``: the message body's embed."""
-    if options.pop("chord", None) is not None:
-        raise NotImplementedError(CHORDS_UNAVAILABLE)
+    chord_body = options.pop("chord", None)
     options.pop("reply_to", None)  # Celery's RPC backend's reply queue: none here
     embed: dict[str, Any] = {}
     for option, key in (("link", "callbacks"), ("link_error", "errbacks"), ("chain", "chain")):
         found = _as_list(options.pop(option, None))
         if found:
             embed[key] = plain(found)
+    if chord_body is not None:
+        embed["chord"] = plain(chord_body)
     return embed
 
 

@@ -83,8 +83,9 @@ class chain(Signature):
             steps[0] = steps[0].clone((*(args or ()), *self.args), kwargs)
         for step in steps[:-1]:
             if isinstance(step, group):
-                raise NotImplementedError(f"{CHORDS_UNAVAILABLE}: a group followed by "
-                                          "another step is a chord in Celery")
+                raise NotImplementedError("a group followed by another step inside a "
+                                          "chain (a chord in Celery) is not available "
+                                          "yet: send chord(group, body) on its own")
         return steps
 
     def _freeze_steps(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
@@ -263,27 +264,95 @@ class group(Signature):
 
 
 class chord(Signature):
-    """Celery's chord (a group, then a callback given all its results): not available
-    yet. It can be built, and travels as Celery's dict, but not applied."""
+    """A group, then a callback given the list of its results in member order:
+    ``chord(header, body)`` or ``group(...) | body``.
+
+    Each header message carries the body in its embed (Celery's wire format) and the
+    group id; the member ids are saved under the group id (``GroupResult.save``). Where a
+    header task ends, the worker counts it in the result backend (``chord_part``: one
+    atomic operation, idempotent per task id); the one count that completes the chord
+    sends the body, or stores ``ChordError`` for it if a header task failed."""
 
     def __init__(self, header: Iterable[Any], body: Mapping[str, Any] | None = None, *,
                  app: Celeriac | None = None, **options: Any) -> None:
-        super().__init__("celery.chord", (), {
-            "header": group(list(header), app=app),
-            "body": maybe_signature(body, app) if body is not None else None},
-            options, subtask_type="chord", app=app)
+        members = header if isinstance(header, group) else group(list(header), app=app)
+        body_sig = maybe_signature(body, app) if body is not None else None
+        super().__init__("celery.chord", (), {"header": members, "body": body_sig},
+                         options, subtask_type="chord",
+                         app=app or members._app or (body_sig._app if body_sig else None))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
+        kw = d.get("kwargs") or {}
+        header = kw.get("header") or {}
+        tasks = header.get("kwargs", {}).get("tasks", []) if isinstance(header, Mapping) \
+            else header
+        return cls(list(tasks), kw.get("body"), app=app, **(d.get("options") or {}))
+
+    @property
+    def header(self) -> group:
+        header: group = self.kwargs["header"]
+        return header
+
+    @property
+    def body(self) -> Signature:
+        body: Signature | None = self.kwargs["body"]
+        if body is None:
+            raise ValueError("this chord has no body: chord(header, body)")
+        return body
 
     def apply_async(self, args: Sequence[Any] | None = None,
                     kwargs: Mapping[str, Any] | None = None, **options: Any
                     ) -> AsyncResult[Any]:
-        raise NotImplementedError(CHORDS_UNAVAILABLE)
+        """Send the header (in bulk, as a group); returns the body's result, whose
+        ``parent`` is the header's ``GroupResult``."""
+        options = {k: v for k, v in options.items() if v is not None}
+        if self.app.settings.task_always_eager:
+            return self.apply(args, kwargs, **options)
+        opts = {**self.options, **options}
+        retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
+        body = self.body.clone()
+        for key in ("link", "link_error", "chain"):  # they belong to the body
+            if key in opts:
+                body.options[key] = opts.pop(key)
+        body_result = body.freeze(opts.pop("task_id", None))
+        members = list(self.header._flat())
+        if not members:
+            # Nothing to wait for: the body runs at once with no results (as Celery).
+            return body.apply_async(([],))
+        group_id = self.header.options.get("task_id") or new_id()
+        body["chord_size"] = len(members)
+        carried = plain(body)
+        results: list[AsyncResult[Any]] = []
+        items = []
+        for index, member in enumerate(members):
+            if isinstance(member, (chain, chord)):
+                raise NotImplementedError("a chord's header holds tasks; chains and chords "
+                                          "in a header are not available yet")
+            item, res = member._outgoing(args, kwargs, {
+                **opts, "group_id": group_id, "group_index": index, "chord": carried})
+            results.append(res)  # type: ignore[arg-type]  # members are plain tasks
+            items.append(item)
+        header_result = GroupResult(group_id, results, self.app)
+        # Saved before any header task can finish: the worker that completes the chord
+        # reads the member ids (in order) from here.
+        header_result.save()
+        self.app.publish_prepared(items, chunk_size=GROUP_CHUNK, retry=retry,
+                                  retry_policy=policy)
+        body_result.parent = header_result  # type: ignore[assignment]
+        return body_result
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
               **options: Any) -> AsyncResult[Any]:
-        raise NotImplementedError(CHORDS_UNAVAILABLE)
+        """Run the header here, then the body with its results (eager)."""
+        header = self.header.apply(args, kwargs)
+        values = header.get(propagate=True)
+        result = self.body.apply((values,))
+        result.parent = header  # type: ignore[assignment]
+        return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(CHORDS_UNAVAILABLE)
+        return self.apply_async(args, kwargs)
 
 
 Signature.TYPES.update(chain=chain, group=group, chord=chord)

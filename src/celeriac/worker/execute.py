@@ -134,7 +134,7 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         args, kwargs, raw_embed = decode_body(serialization.loads(body, content_type, accept))
         embed = raw_embed if raw_embed and _asks(raw_embed) else None
         if embed is not None:
-            followups.check_embed(embed)
+            followups.check_embed(embed, headers.get("group"))
     except DecodeError as exc:
         logger.error("Task %s[%s] dead-lettered: %s", task.name, task_id, exc)
         # Its FAILURE is stored too: a caller in get() learns why at once. (The state
@@ -181,6 +181,18 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
                                 extended=extended)
     if task_events and state is not None:
         shown = (exception_repr(retval), tb) if failed else (result_repr(retval), None)
+    if embed is not None and embed.get("chord") and state in _CHORD_ENDS:
+        # A header task's result must be stored before it is counted: the count that
+        # completes the chord reads every header result.
+        part = stored or app.backend.encode(task_id, state, retval, traceback=tb,
+                                            retries=request.retries)
+        try:
+            followups.chord_part(app, request, part, embed["chord"])
+            stored = None  # stored already
+        except Exception:
+            logger.exception("Task %s[%s]: could not count its part of chord %s",
+                             task.name, task_id, request.group)
+            action, reason, stored = "requeue", "could not count its chord part", None
     if embed is not None and not _follow_up(app, request, state, retval, tb, embed):
         # Acknowledging would lose the rest of the workflow: the message goes back and the
         # task runs again (at least once), until task_max_deliveries dead-letters it.
@@ -194,6 +206,9 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         task.leave(scope)
     _log(headers.get("shadow") or task.name, task_id, state, retval, runtime)
     return action, state, reason, runtime, stored, shown
+
+
+_CHORD_ENDS = (states.SUCCESS, states.FAILURE)
 
 
 def _asks(embed: dict[str, Any]) -> bool:

@@ -12,6 +12,10 @@ ids frozen when the chain was sent, so a repeat is the same task, not a new one.
 - ``errbacks`` (``link_error``): Celery's two conventions. A task of this worker whose
   function takes ``(request, exc, traceback)`` is called here, at once; any other is sent
   with the failed task's id as its argument.
+- ``chord`` (on a header task, with the group id in its ``group`` header): the task's
+  result is stored first, then counted in the result backend (``chord_part``: atomic,
+  idempotent per task id); the one count that completes the chord sends the body with
+  the header's results in member order, or stores ``ChordError`` for it.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import serialization
-from ..errors import DecodeError
+from .. import serialization, states
+from ..errors import ChordError, DecodeError
 from ..protocol import Message, new_id, parse_time, task_headers, task_properties, utcnow
 from ..tasks import args_repr
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..backends.base import Stored
     from ..tasks import Request, Task
 
 logger = logging.getLogger("celeriac.worker.followups")
@@ -36,12 +41,18 @@ logger = logging.getLogger("celeriac.worker.followups")
 SUPPORTED_TYPES = (None, "chain", "group")
 
 
-def check_embed(embed: Mapping[str, Any]) -> None:
+def check_embed(embed: Mapping[str, Any], group_id: Any) -> None:
     """Refuse (``DecodeError``) an embed this worker cannot carry out in full: running
     the task alone would half-run the workflow it belongs to."""
-    if embed.get("chord"):
-        raise DecodeError("the message asks for a chord, which this worker does not "
-                          "support yet; the task was not run")
+    body = embed.get("chord")
+    if body is not None:
+        _check_signature("chord", body)
+        size = body.get("chord_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise DecodeError(f"embed 'chord': chord_size must be a positive int, got "
+                              f"{size!r}")
+        if not isinstance(group_id, str) or not group_id:
+            raise DecodeError("embed 'chord' without a group id in the 'group' header")
     for key in ("chain", "callbacks", "errbacks"):
         value = embed.get(key)
         if value is None:
@@ -94,6 +105,57 @@ def on_failure(app: Celeriac, request: Request, exc: BaseException, traceback: s
         send(app, errback, (request.id,), lineage)
 
 
+def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str, Any]
+               ) -> None:
+    """Store this header task's result, count it, and if that completed the chord, send
+    the body (or store its ``ChordError``)."""
+    app.backend.store_many([part])
+    group_id = request.group
+    assert group_id is not None  # check_embed refuses a chord without one
+    if app.backend.chord_part(group_id, request.id, int(body["chord_size"])):
+        logger.info("Task %s[%s] completed chord %s: sending its body %s", request.task,
+                    request.id, group_id, body["task"])
+        _fire(app, group_id, body, _lineage(request))
+
+
+def _fire(app: Celeriac, group_id: str, body: Mapping[str, Any],
+          lineage: Mapping[str, Any]) -> None:
+    from ..result import GroupResult
+
+    saved = GroupResult.restore(group_id, app=app)
+    body_id = (body.get("options") or {}).get("task_id")
+    if saved is None:
+        return _fail(app, body, body_id, lineage,
+                     f"chord {group_id}: its member list is gone (expired?)")
+    ids = [r.id for r in saved.results]
+    metas = app.backend.get_many(ids)
+    for task_id in ids:
+        meta = metas.get(task_id)
+        if meta is None or meta.state != states.SUCCESS:
+            state = meta.state if meta else "no result"
+            detail = _exception_text(meta.result) if meta else "its result is gone"
+            return _fail(app, body, body_id, lineage,
+                         f"Dependency {task_id} raised {state}: {detail}")
+    send(app, body, ([metas[i].result for i in ids],), lineage)
+
+
+def _fail(app: Celeriac, body: Mapping[str, Any], body_id: str | None,
+          lineage: Mapping[str, Any], reason: str) -> None:
+    logger.error("chord body %s[%s] not run: %s", body["task"], body_id, reason)
+    if body_id:
+        app.backend.store(body_id, states.FAILURE, ChordError(reason))
+        for errback in (body.get("options") or {}).get("link_error") or ():
+            send(app, errback, (body_id,), lineage)
+
+
+def _exception_text(data: Any) -> str:
+    if isinstance(data, dict) and "exc_type" in data:
+        message = data.get("exc_message")
+        text = " ".join(map(str, message)) if isinstance(message, list) else str(message)
+        return f"{data['exc_type']}({text})"
+    return repr(data)
+
+
 def _takes_request(task: Task[Any, Any]) -> bool:
     try:
         params = list(inspect.signature(task.fn).parameters.values())
@@ -123,6 +185,7 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
         send(app, steps[0], prefix, lineage, chain=rest)
         return
     options = dict(sig.get("options") or {})
+    chain = chain or options.pop("chain", None)
     args = list(sig.get("args") or ())
     if not sig.get("immutable"):
         args = [*prefix, *args]
