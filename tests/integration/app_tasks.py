@@ -213,3 +213,24 @@ def progress(self, gate: str) -> str:  # type: ignore[no-untyped-def]
     while not Path(gate).exists() and time.monotonic() < deadline:
         time.sleep(0.01)  # sleep-ok: bounded wait for the test's signal
     return "finished"
+
+
+@app.task
+def part(i: int) -> int:
+    """A chord header task with a little work, so that kills land mid-task too."""
+    time.sleep(0.002)  # sleep-ok: the task's own work
+    return i
+
+
+@app.task
+def ledger(results: list[int], chord_no: int) -> int:
+    """A chord body that counts its runs per chord in Redis (``LEDGER_KEY``)."""
+    import redis
+
+    client = redis.Redis.from_url(os.environ.get("LEDGER_REDIS", "redis://127.0.0.1:6379/0"))
+    try:
+        client.hincrby(os.environ["LEDGER_KEY"], str(chord_no), 1)
+        client.hset(os.environ["LEDGER_KEY"] + ":sum", str(chord_no), sum(results))
+    finally:
+        client.close()
+    return sum(results)
