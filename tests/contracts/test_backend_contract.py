@@ -9,6 +9,7 @@ import multiprocessing
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -382,3 +383,170 @@ def test_wait_for_times_out_with_what_is_ready(backend: BackendFactory) -> None:
     t0 = time.monotonic()
     assert b.wait_for(["never"], 0) == {}
     assert time.monotonic() - t0 < 0.1
+
+
+# -- chords -----------------------------------------------------------------------------
+
+@pytest.fixture
+def chords(backend: BackendFactory) -> Iterator[BackendFactory]:
+    """``backend``, and the PostgreSQL chord tables dropped after (the shared fixture
+    drops only the results table; the chord tables exist only once a chord was counted)."""
+    yield backend
+    if backend.name == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        ns = backend.url.rpartition("namespace=")[2]
+        with psycopg.connect(backend.url.partition("?")[0], autocommit=True) as conn:
+            for table in (f"{ns}_chord_parts", f"{ns}_chords"):  # parts reference chords
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+def test_chord_part_fires_once_when_the_count_reaches_the_size(chords: BackendFactory
+                                                               ) -> None:
+    b, other = chords(), chords()
+    assert b.chord_part("g", "t-1", 3) is False
+    assert other.chord_part("g", "t-2", 3) is False  # another instance: the same count
+    assert b.chord_part("g", "t-3", 3) is True
+    # Later calls: a header task that ran again, a duplicate, one past the size.
+    assert b.chord_part("g", "t-3", 3) is False
+    assert other.chord_part("g", "t-1", 3) is False
+    assert b.chord_part("g", "t-4", 3) is False
+
+
+def test_chord_part_counts_a_repeated_task_id_once(chords: BackendFactory) -> None:
+    b = chords()
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("g", "a", 2) is False, "a repeated part counted twice"
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("g", "b", 2) is True
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("g", "b", 2) is False
+
+
+def test_chord_part_of_size_one_and_without_expiry(chords: BackendFactory) -> None:
+    b = chords(result_expires=None)
+    assert b.chord_part("single", "only", 1) is True
+    assert b.chord_part("single", "only", 1) is False
+    assert b.chord_part("pair", "x", 2) is False
+    assert b.chord_part("pair", "y", 2) is True
+
+
+def test_chords_are_independent(chords: BackendFactory) -> None:
+    b = chords()
+    # The same task ids in both: a part is counted per chord.
+    assert b.chord_part("g1", "t-1", 2) is False
+    assert b.chord_part("g2", "t-1", 3) is False
+    assert b.chord_part("g2", "t-2", 3) is False
+    assert b.chord_part("g1", "t-2", 2) is True
+    assert b.chord_part("g2", "t-2", 3) is False
+    assert b.chord_part("g2", "t-3", 3) is True
+    assert b.chord_part("g1", "t-3", 2) is False
+
+
+CHORD_WORKERS = 8
+CHORD_ROUNDS = 3
+
+
+def _count_parts(b: Any, group_id: str, n: int, size: int) -> list[bool]:
+    """Worker ``n``'s calls: its own part, then a duplicate of its neighbour's."""
+    return [b.chord_part(group_id, f"part-{n}", size),
+            b.chord_part(group_id, f"part-{(n + 1) % size}", size)]
+
+
+def test_chord_part_fires_once_under_concurrent_threads(chords: BackendFactory) -> None:
+    # The same threads for every round: a PostgreSQL backend keeps a connection per
+    # thread until the thread's end is noticed, so new threads per round would pile up.
+    instances = [chords() for _ in range(CHORD_WORKERS)]
+    barrier = threading.Barrier(CHORD_WORKERS)
+    answers: list[list[bool]] = [[] for _ in range(CHORD_ROUNDS)]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def count(n: int) -> None:
+        try:
+            for round_ in range(CHORD_ROUNDS):
+                barrier.wait(10)  # every round starts together: that is the race
+                got = _count_parts(instances[n], f"threads-{round_}", n, CHORD_WORKERS)
+                with lock:
+                    answers[round_].extend(got)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=count, args=(n,)) for n in range(CHORD_WORKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    for round_, got in enumerate(answers):
+        assert len(got) == 2 * CHORD_WORKERS
+        assert got.count(True) == 1, f"round {round_}: {got.count(True)} fired"
+        assert instances[0].chord_part(f"threads-{round_}", "part-0", CHORD_WORKERS) is False
+
+
+def _count_parts_in_child(url: str, group_id: str, n: int, start: Any, out: Any) -> None:
+    b = create_backend(url, Settings(result_backend=url))
+    try:
+        start.wait(10)
+        out.put((n, _count_parts(b, group_id, n, CHORD_WORKERS)))
+    finally:
+        b.close()
+
+
+def test_chord_part_fires_once_under_concurrent_processes(chords: BackendFactory) -> None:
+    if chords.process_local:
+        pytest.skip(f"{chords.name}:// cannot be shared between processes")
+    first = chords()
+    # The schema (PostgreSQL creates its chord tables on first use) before the race.
+    assert first.chord_part("warm-up", "x", 1) is True
+    for round_ in range(CHORD_ROUNDS):
+        group_id = f"processes-{round_}"
+        start, out = mp.Barrier(CHORD_WORKERS), mp.Queue()
+        children = [mp.Process(target=_count_parts_in_child,
+                               args=(chords.url, group_id, n, start, out))
+                    for n in range(CHORD_WORKERS)]
+        for child in children:
+            child.start()
+        try:
+            answers = [out.get(timeout=30) for _ in children]
+        finally:
+            for child in children:
+                child.join(10)
+        assert [c.exitcode for c in children] == [0] * CHORD_WORKERS
+        fired = [n for n, got in answers for a in got if a]
+        assert len(fired) == 1, f"round {round_}: fired by {fired}"
+        assert first.chord_part(group_id, "part-0", CHORD_WORKERS) is False
+
+
+def test_chord_state_expires_with_results(chords: BackendFactory) -> None:
+    short = chords(result_expires=0.2)
+    assert short.chord_part("lazy", "a", 2) is False
+    assert short.chord_part("cleaned", "a", 2) is False
+    assert short.chord_part("fired", "x", 1) is True
+    # Stored after the chord parts, so it expires no earlier than they do: once it is
+    # gone, so are they.
+    short.store("sentinel", states.SUCCESS, 1)
+    deadline = time.monotonic() + 3.0
+    while short.get("sentinel") is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
+    assert short.get("sentinel") is None, "the result did not expire"
+
+    # Expired but not cleaned up yet: the count starts over, the flag is gone.
+    assert short.chord_part("lazy", "b", 2) is False, "an expired part still counted"
+    assert short.chord_part("fired", "x", 1) is True, "an expired fired flag still set"
+    # Cleaned up (only results are counted): the same.
+    assert short.cleanup() == 1
+    assert short.chord_part("cleaned", "b", 2) is False, "an expired part still counted"
+    assert short.chord_part("cleaned", "a", 2) is True
+    assert short.chord_part("lazy", "a", 2) is True
+
+
+def test_cleanup_keeps_unexpired_chords(chords: BackendFactory) -> None:
+    b = chords(result_expires=60)
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("done", "x", 1) is True
+    assert b.cleanup() == 0
+    assert b.chord_part("g", "b", 2) is True
+    assert b.chord_part("done", "x", 1) is False

@@ -203,6 +203,9 @@ class RelayBackend(ResultBackend):
     def cleanup(self) -> int:
         return 0
 
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        raise NotImplementedError
+
 
 def decode_relayed_message(meta: dict[str, Any], body: bytes) -> Message:
     return Message.from_envelope(meta["envelope"].encode(), body)
