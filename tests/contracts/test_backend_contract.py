@@ -550,3 +550,82 @@ def test_cleanup_keeps_unexpired_chords(chords: BackendFactory) -> None:
     assert b.cleanup() == 0
     assert b.chord_part("g", "b", 2) is True
     assert b.chord_part("done", "x", 1) is False
+
+
+def test_chord_part_from_pool_children_is_relayed_to_a_process_local_backend() -> None:
+    """memory:// lives in the worker's main process: prefork children count chord parts
+    through it (``RelayBackend``), and still exactly one of them is told to fire. Each
+    task naps first, so the parent has sent the child its next job before the answer."""
+    import asyncio
+    import uuid
+
+    import orjson
+
+    from celeriac import Celeriac
+    from celeriac.worker.execute import Job, Outcome
+    from celeriac.worker.pool.prefork import PreforkPool
+
+    url = f"memory://{uuid.uuid4().hex}"
+    app = Celeriac("relay", broker=url, backend=url)
+
+    @app.task(name="chord-part")
+    def part(group_id: str, task_id: str, size: int) -> bool:
+        time.sleep(0.01)  # sleep-ok: the task's own work
+        return app.backend.chord_part(group_id, task_id, size)
+
+    size, calls = 4, [f"p-{n}" for n in (0, 1, 2, 0, 3, 1, 2, 3)]  # each one twice
+    done: dict[int, Outcome] = {}
+
+    class Client:
+        def __init__(self, pool: PreforkPool) -> None:
+            self.pool = pool
+            self.waiting = [Job(seq, {"task": "chord-part", "id": f"job-{seq}",
+                                      "timelimit": [None, None]},
+                                orjson.dumps([["g", tid, size], {}, {}]), "application/json",
+                                "celery", 1, "test@host")
+                            for seq, tid in enumerate(calls)]
+
+        def dispatch(self) -> None:
+            while self.waiting and (self.pool.free_slots() or self.pool.queue_slots()):
+                self.pool.submit(self.waiting.pop(0))
+
+        def on_job_done(self, job: Job, outcome: Outcome) -> None:
+            done[job.seq] = outcome
+            self.dispatch()
+
+        def on_slot(self) -> None:
+            self.dispatch()
+
+        def on_job_started(self, job: Job) -> None:
+            pass
+
+        def on_job_returned(self, job: Job) -> None:
+            self.waiting.insert(0, job)
+            self.dispatch()
+
+    async def main() -> None:
+        pool = PreforkPool(app, 2)
+        pool.attach(Client(pool))
+        await pool.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        try:
+            while len(done) < len(calls):
+                assert loop.time() < deadline, f"done: {sorted(done)}"
+                await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+        finally:
+            await pool.stop()
+
+    try:
+        asyncio.run(main())
+        results = {}
+        for seq, outcome in done.items():
+            assert outcome.state == states.SUCCESS and outcome.stored is not None, outcome
+            app.backend.store_many([outcome.stored])
+            meta = app.backend.get(f"job-{seq}")
+            assert meta is not None
+            results[seq] = meta.result
+        assert list(results.values()).count(True) == 1, results
+        assert app.backend.chord_part("g", "p-0", size) is False  # the parent's own count
+    finally:
+        app.close()

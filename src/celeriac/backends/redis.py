@@ -8,10 +8,12 @@ Keys (``<ns>`` is the URL's ``?namespace=``, default ``celeriac``)::
                                how many results expired; Redis itself deletes the values
     <ns>:changes       stream  one entry {t: task_id} per store (or {t0: id, t1: id, ...}
                                per batch the worker stores), MAXLEN ~ FEED_LENGTH
-    <ns>:chord:<gid>:parts  set  the header task ids of chord <gid> counted so far
-    <ns>:chord:<gid>:fired  string  "1" once the chord's count reached its size
-                               (both PEXPIREd by result_expires at every chord_part;
-                               no expiry when it is None)
+    <ns>:chord:<gid>:parts
+                       set     the header task ids of chord <gid> counted so far
+    <ns>:chord:<gid>:fired
+                       string  "1" once the chord's count reached its size; both chord
+                               keys PEXPIREd by result_expires at every chord_part (no
+                               expiry when it is None)
 
 A store is one MULTI/EXEC round trip (value, expiry index, change entry), so a reader
 that sees the change entry sees the value. ``wait_for`` reads only the change entries
