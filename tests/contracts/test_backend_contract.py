@@ -9,6 +9,7 @@ import multiprocessing
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -382,3 +383,249 @@ def test_wait_for_times_out_with_what_is_ready(backend: BackendFactory) -> None:
     t0 = time.monotonic()
     assert b.wait_for(["never"], 0) == {}
     assert time.monotonic() - t0 < 0.1
+
+
+# -- chords -----------------------------------------------------------------------------
+
+@pytest.fixture
+def chords(backend: BackendFactory) -> Iterator[BackendFactory]:
+    """``backend``, and the PostgreSQL chord tables dropped after (the shared fixture
+    drops only the results table; the chord tables exist only once a chord was counted)."""
+    yield backend
+    if backend.name == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        ns = backend.url.rpartition("namespace=")[2]
+        with psycopg.connect(backend.url.partition("?")[0], autocommit=True) as conn:
+            for table in (f"{ns}_chord_parts", f"{ns}_chords"):  # parts reference chords
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+def test_chord_part_fires_once_when_the_count_reaches_the_size(chords: BackendFactory
+                                                               ) -> None:
+    b, other = chords(), chords()
+    assert b.chord_part("g", "t-1", 3) is False
+    assert other.chord_part("g", "t-2", 3) is False  # another instance: the same count
+    assert b.chord_part("g", "t-3", 3) is True
+    # Later calls: a header task that ran again, a duplicate, one past the size.
+    assert b.chord_part("g", "t-3", 3) is False
+    assert other.chord_part("g", "t-1", 3) is False
+    assert b.chord_part("g", "t-4", 3) is False
+
+
+def test_chord_part_counts_a_repeated_task_id_once(chords: BackendFactory) -> None:
+    b = chords()
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("g", "a", 2) is False, "a repeated part counted twice"
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("g", "b", 2) is True
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("g", "b", 2) is False
+
+
+def test_chord_part_of_size_one_and_without_expiry(chords: BackendFactory) -> None:
+    b = chords(result_expires=None)
+    assert b.chord_part("single", "only", 1) is True
+    assert b.chord_part("single", "only", 1) is False
+    assert b.chord_part("pair", "x", 2) is False
+    assert b.chord_part("pair", "y", 2) is True
+
+
+def test_chords_are_independent(chords: BackendFactory) -> None:
+    b = chords()
+    # The same task ids in both: a part is counted per chord.
+    assert b.chord_part("g1", "t-1", 2) is False
+    assert b.chord_part("g2", "t-1", 3) is False
+    assert b.chord_part("g2", "t-2", 3) is False
+    assert b.chord_part("g1", "t-2", 2) is True
+    assert b.chord_part("g2", "t-2", 3) is False
+    assert b.chord_part("g2", "t-3", 3) is True
+    assert b.chord_part("g1", "t-3", 2) is False
+
+
+CHORD_WORKERS = 8
+CHORD_ROUNDS = 3
+
+
+def _count_parts(b: Any, group_id: str, n: int, size: int) -> list[bool]:
+    """Worker ``n``'s calls: its own part, then a duplicate of its neighbour's."""
+    return [b.chord_part(group_id, f"part-{n}", size),
+            b.chord_part(group_id, f"part-{(n + 1) % size}", size)]
+
+
+def test_chord_part_fires_once_under_concurrent_threads(chords: BackendFactory) -> None:
+    # The same threads for every round: a PostgreSQL backend keeps a connection per
+    # thread until the thread's end is noticed, so new threads per round would pile up.
+    instances = [chords() for _ in range(CHORD_WORKERS)]
+    barrier = threading.Barrier(CHORD_WORKERS)
+    answers: list[list[bool]] = [[] for _ in range(CHORD_ROUNDS)]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def count(n: int) -> None:
+        try:
+            for round_ in range(CHORD_ROUNDS):
+                barrier.wait(10)  # every round starts together: that is the race
+                got = _count_parts(instances[n], f"threads-{round_}", n, CHORD_WORKERS)
+                with lock:
+                    answers[round_].extend(got)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=count, args=(n,)) for n in range(CHORD_WORKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    for round_, got in enumerate(answers):
+        assert len(got) == 2 * CHORD_WORKERS
+        assert got.count(True) == 1, f"round {round_}: {got.count(True)} fired"
+        assert instances[0].chord_part(f"threads-{round_}", "part-0", CHORD_WORKERS) is False
+
+
+def _count_parts_in_child(url: str, group_id: str, n: int, start: Any, out: Any) -> None:
+    b = create_backend(url, Settings(result_backend=url))
+    try:
+        start.wait(10)
+        out.put((n, _count_parts(b, group_id, n, CHORD_WORKERS)))
+    finally:
+        b.close()
+
+
+def test_chord_part_fires_once_under_concurrent_processes(chords: BackendFactory) -> None:
+    if chords.process_local:
+        pytest.skip(f"{chords.name}:// cannot be shared between processes")
+    first = chords()
+    # The schema (PostgreSQL creates its chord tables on first use) before the race.
+    assert first.chord_part("warm-up", "x", 1) is True
+    for round_ in range(CHORD_ROUNDS):
+        group_id = f"processes-{round_}"
+        start, out = mp.Barrier(CHORD_WORKERS), mp.Queue()
+        children = [mp.Process(target=_count_parts_in_child,
+                               args=(chords.url, group_id, n, start, out))
+                    for n in range(CHORD_WORKERS)]
+        for child in children:
+            child.start()
+        try:
+            answers = [out.get(timeout=30) for _ in children]
+        finally:
+            for child in children:
+                child.join(10)
+        assert [c.exitcode for c in children] == [0] * CHORD_WORKERS
+        fired = [n for n, got in answers for a in got if a]
+        assert len(fired) == 1, f"round {round_}: fired by {fired}"
+        assert first.chord_part(group_id, "part-0", CHORD_WORKERS) is False
+
+
+def test_chord_state_expires_with_results(chords: BackendFactory) -> None:
+    short = chords(result_expires=0.2)
+    assert short.chord_part("lazy", "a", 2) is False
+    assert short.chord_part("cleaned", "a", 2) is False
+    assert short.chord_part("fired", "x", 1) is True
+    # Stored after the chord parts, so it expires no earlier than they do: once it is
+    # gone, so are they.
+    short.store("sentinel", states.SUCCESS, 1)
+    deadline = time.monotonic() + 3.0
+    while short.get("sentinel") is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
+    assert short.get("sentinel") is None, "the result did not expire"
+
+    # Expired but not cleaned up yet: the count starts over, the flag is gone.
+    assert short.chord_part("lazy", "b", 2) is False, "an expired part still counted"
+    assert short.chord_part("fired", "x", 1) is True, "an expired fired flag still set"
+    # Cleaned up (only results are counted): the same.
+    assert short.cleanup() == 1
+    assert short.chord_part("cleaned", "b", 2) is False, "an expired part still counted"
+    assert short.chord_part("cleaned", "a", 2) is True
+    assert short.chord_part("lazy", "a", 2) is True
+
+
+def test_cleanup_keeps_unexpired_chords(chords: BackendFactory) -> None:
+    b = chords(result_expires=60)
+    assert b.chord_part("g", "a", 2) is False
+    assert b.chord_part("done", "x", 1) is True
+    assert b.cleanup() == 0
+    assert b.chord_part("g", "b", 2) is True
+    assert b.chord_part("done", "x", 1) is False
+
+
+def test_chord_part_from_pool_children_is_relayed_to_a_process_local_backend() -> None:
+    """memory:// lives in the worker's main process: prefork children count chord parts
+    through it (``RelayBackend``), and still exactly one of them is told to fire. Each
+    task naps first, so the parent has sent the child its next job before the answer."""
+    import asyncio
+    import uuid
+
+    import orjson
+
+    from celeriac import Celeriac
+    from celeriac.worker.execute import Job, Outcome
+    from celeriac.worker.pool.prefork import PreforkPool
+
+    url = f"memory://{uuid.uuid4().hex}"
+    app = Celeriac("relay", broker=url, backend=url)
+
+    @app.task(name="chord-part")
+    def part(group_id: str, task_id: str, size: int) -> bool:
+        time.sleep(0.01)  # sleep-ok: the task's own work
+        return app.backend.chord_part(group_id, task_id, size)
+
+    size, calls = 4, [f"p-{n}" for n in (0, 1, 2, 0, 3, 1, 2, 3)]  # each one twice
+    done: dict[int, Outcome] = {}
+
+    class Client:
+        def __init__(self, pool: PreforkPool) -> None:
+            self.pool = pool
+            self.waiting = [Job(seq, {"task": "chord-part", "id": f"job-{seq}",
+                                      "timelimit": [None, None]},
+                                orjson.dumps([["g", tid, size], {}, {}]), "application/json",
+                                "celery", 1, "test@host")
+                            for seq, tid in enumerate(calls)]
+
+        def dispatch(self) -> None:
+            while self.waiting and (self.pool.free_slots() or self.pool.queue_slots()):
+                self.pool.submit(self.waiting.pop(0))
+
+        def on_job_done(self, job: Job, outcome: Outcome) -> None:
+            done[job.seq] = outcome
+            self.dispatch()
+
+        def on_slot(self) -> None:
+            self.dispatch()
+
+        def on_job_started(self, job: Job) -> None:
+            pass
+
+        def on_job_returned(self, job: Job) -> None:
+            self.waiting.insert(0, job)
+            self.dispatch()
+
+    async def main() -> None:
+        pool = PreforkPool(app, 2)
+        pool.attach(Client(pool))
+        await pool.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        try:
+            while len(done) < len(calls):
+                assert loop.time() < deadline, f"done: {sorted(done)}"
+                await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+        finally:
+            await pool.stop()
+
+    try:
+        asyncio.run(main())
+        results = {}
+        for seq, outcome in done.items():
+            assert outcome.state == states.SUCCESS and outcome.stored is not None, outcome
+            app.backend.store_many([outcome.stored])
+            meta = app.backend.get(f"job-{seq}")
+            assert meta is not None
+            results[seq] = meta.result
+        assert list(results.values()).count(True) == 1, results
+        assert app.backend.chord_part("g", "p-0", size) is False  # the parent's own count
+    finally:
+        app.close()

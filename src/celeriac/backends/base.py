@@ -105,7 +105,17 @@ class ResultBackend(abc.ABC):
 
     @abc.abstractmethod
     def cleanup(self) -> int:
-        """Delete expired results; returns how many."""
+        """Delete expired results; returns how many. Expired chord state (``chord_part``)
+        goes too, uncounted."""
+
+    @abc.abstractmethod
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        """Count header task ``task_id`` of chord ``group_id`` (``size`` header tasks) as
+        finished. Idempotent per task id: a task counted twice (it ran twice) counts once.
+        Returns True exactly once per chord: to the call whose count reached ``size``, which
+        sets the chord's fired flag in the same atomic operation; every later call (a header
+        task that ran again, a duplicate) gets False. The chord's parts and flag expire with
+        ``result_expires``."""
 
     def close(self) -> None:
         """Release connections held by this process."""

@@ -17,12 +17,21 @@ _LOG_LIMIT = 100_000
 
 
 @dataclass
+class _Chord:
+    parts: set[str] = field(default_factory=set)
+    fired: bool = False
+    expires_at: float | None = None
+
+
+@dataclass
 class _Store:
     results: dict[str, tuple[str, bytes, float | None]] = field(default_factory=dict)
     changed: threading.Condition = field(default_factory=threading.Condition)
     log: list[str] = field(default_factory=list)
     """Ids in the order they were written; ``log_base`` is the position of ``log[0]``."""
     log_base: int = 0
+    chords: dict[str, _Chord] = field(default_factory=dict)
+    """``chord_part`` state by group id, guarded by ``changed``'s lock like the results."""
 
     @property
     def version(self) -> int:
@@ -88,6 +97,23 @@ class MemoryBackend(ResultBackend):
         with self._s.changed:
             self._s.results.pop(task_id, None)
 
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        s = self._s
+        now = time.time()
+        expires = self.settings.result_expires
+        # One critical section under the store's lock (shared by every instance on this
+        # URL in the process): add, count and fire cannot interleave with another call.
+        with s.changed:
+            chord = s.chords.get(group_id)
+            if chord is None or (chord.expires_at is not None and chord.expires_at <= now):
+                chord = s.chords[group_id] = _Chord()  # new, or expired: start over
+            chord.parts.add(task_id)
+            chord.expires_at = now + expires if expires else None
+            if chord.fired or len(chord.parts) < size:
+                return False
+            chord.fired = True
+            return True
+
     def cleanup(self) -> int:
         now = time.time()
         s = self._s
@@ -95,4 +121,6 @@ class MemoryBackend(ResultBackend):
             expired = [t for t, (_, _, exp) in s.results.items() if exp and exp <= now]
             for t in expired:
                 del s.results[t]
+            for gid in [g for g, c in s.chords.items() if c.expires_at and c.expires_at <= now]:
+                del s.chords[gid]
         return len(expired)

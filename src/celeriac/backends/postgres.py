@@ -18,6 +18,21 @@ writers could commit out of ``seq`` order, and a reader whose cursor had already
 later ``seq`` would never see the earlier row. PostgreSQL already serializes the commits
 of transactions that NOTIFY, so the lock adds little beyond the upsert itself.
 
+Chords (``chord_part``), in two more tables, created (under the same advisory lock) on
+the first ``chord_part`` rather than with the results table, so that deployments and test
+namespaces that never run a chord do not get tables they would have to drop::
+
+    <ns>_chords(group_id text PRIMARY KEY, fired boolean, expires double precision)
+    <ns>_chord_parts(group_id text REFERENCES <ns>_chords ON DELETE CASCADE,
+                     task_id text, PRIMARY KEY (group_id, task_id))
+
+``chord_part`` is one transaction that first locks the chord's row (SELECT ... FOR
+UPDATE): callers on one chord run one after the other, and each one's count, a new
+snapshot taken after it got the lock, includes every part committed before it. So
+exactly one of them sees the count reach the size with ``fired`` still false. An expired
+chord is deleted with its parts (the cascade) by the next ``chord_part`` on it, which
+starts over, or by ``cleanup``.
+
 Connections are per thread and per process: a forked child opens its own and never closes
 its parent's (that would end the parent's session). LISTEN connections of threads that
 died, or that have not waited for a while, are closed: a listener that stops reading
@@ -184,11 +199,43 @@ class PostgresBackend(ResultBackend):
         self._q_forget = sql.SQL("DELETE FROM {} WHERE task_id = %s").format(t)
         self._q_cleanup = sql.SQL("DELETE FROM {} WHERE expires <= %s").format(t)
         self._q_listen = sql.SQL("LISTEN {}").format(t)
+        ct, pt = sql.Identifier(f"{namespace}_chords"), sql.Identifier(f"{namespace}_chord_parts")
+        self._chord_tables = (f"{namespace}_chords", f"{namespace}_chord_parts")
+        self._chord_ddl = [
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (group_id text PRIMARY KEY,"
+                    " fired boolean NOT NULL DEFAULT false, expires double precision)"
+                    ).format(ct),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (expires) WHERE expires IS NOT NULL"
+                    ).format(sql.Identifier(f"{namespace}_chords_expires_idx"), ct),
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (group_id text NOT NULL REFERENCES {}"
+                    " ON DELETE CASCADE, task_id text NOT NULL,"
+                    " PRIMARY KEY (group_id, task_id))").format(pt, ct),
+        ]
+        self._q_chord_row = sql.SQL(
+            "INSERT INTO {} (group_id, fired, expires) VALUES (%s, false, %s)"
+            " ON CONFLICT (group_id) DO NOTHING").format(ct)
+        self._q_chord_lock = sql.SQL(
+            "SELECT expires FROM {} WHERE group_id = %s FOR UPDATE").format(ct)
+        self._q_chord_reset = sql.SQL(
+            "DELETE FROM {} WHERE group_id = %s").format(pt)
+        self._q_chord_touch = sql.SQL(
+            "UPDATE {} SET expires = %s, fired = fired AND NOT %s WHERE group_id = %s"
+        ).format(ct)
+        self._q_chord_part = sql.SQL(
+            "INSERT INTO {} (group_id, task_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+        ).format(pt)
+        self._q_chord_fire = sql.SQL(
+            "UPDATE {c} SET fired = true WHERE group_id = %s AND NOT fired AND"
+            " (SELECT count(*) FROM {p} WHERE group_id = %s) >= %s RETURNING 1"
+        ).format(c=ct, p=pt)
+        self._q_chord_cleanup = sql.SQL(
+            "DELETE FROM {} WHERE expires <= %s").format(ct)  # parts: the cascade
         self._pipeline = psycopg.Pipeline.is_supported()
         self._local = threading.local()
         self._states: list[_ThreadState] = []
         self._guard = threading.Lock()
         self._schema_ready = False
+        self._chord_schema_ready = False
         self._next_reap = time.monotonic() + REAP_EVERY
 
     # -- connections ------------------------------------------------------------------
@@ -243,6 +290,22 @@ class PostgresBackend(ResultBackend):
             log.info("result table %s ready in %s", self.table, self.safe_url)
         self._schema_ready = True
 
+    def _chord_tables_exist(self, conn: Conn) -> bool:
+        row = conn.execute("SELECT to_regclass(%s)",
+                           (f'"{self._chord_tables[1]}"',)).fetchone()
+        return row is not None and row[0] is not None
+
+    def _create_chord_schema(self, conn: Conn) -> None:
+        # The parts table is created last: once it exists, both do.
+        if not self._chord_tables_exist(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                for statement in self._chord_ddl:
+                    conn.execute(statement)
+            log.info("chord tables %s ready in %s", ", ".join(self._chord_tables),
+                     self.safe_url)
+        self._chord_schema_ready = True
+
     def _run(self, op: Callable[[Conn], T]) -> T:
         """``op`` on this thread's connection; a lost connection is re-opened once.
 
@@ -259,7 +322,8 @@ class PostgresBackend(ResultBackend):
                     self._create_schema(conn)
                 return op(conn)
             except psycopg.errors.UndefinedTable:
-                self._schema_ready = False  # dropped under us (a reset database)
+                # Dropped under us (a reset database).
+                self._schema_ready = self._chord_schema_ready = False
                 if attempt == 2:
                     raise
             except psycopg.OperationalError as exc:
@@ -361,8 +425,48 @@ class PostgresBackend(ResultBackend):
     def forget(self, task_id: str) -> None:
         self._run(lambda conn: conn.execute(self._q_forget, (task_id,)))
 
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        expires = self.settings.result_expires
+
+        def op(conn: Conn) -> bool:
+            if not self._chord_schema_ready:
+                self._create_chord_schema(conn)
+            now = time.time()
+            expires_at = now + expires if expires else None
+            with conn.transaction():
+                # READ COMMITTED whatever the server's default: each statement's snapshot
+                # is taken when it starts, which the count below relies on.
+                conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                # The row first (a concurrent first caller's uncommitted insert makes this
+                # one wait for it), then its lock: from here to commit, no other call on
+                # this chord runs, and the count below, a snapshot taken after the lock
+                # was granted, sees every part committed by the calls before.
+                conn.execute(self._q_chord_row, (group_id, expires_at))
+                row = conn.execute(self._q_chord_lock, (group_id,)).fetchone()
+                expired = row is not None and row[0] is not None and row[0] <= now
+                if expired:  # cleanup has not run yet: this count starts over
+                    conn.execute(self._q_chord_reset, (group_id,))
+                conn.execute(self._q_chord_touch, (expires_at, expired, group_id))
+                conn.execute(self._q_chord_part, (group_id, task_id))
+                # RETURNING a row only for the call that flips the flag at the full count.
+                return conn.execute(self._q_chord_fire, (group_id, group_id, size)
+                                    ).fetchone() is not None
+
+        return self._run(op)
+
     def cleanup(self) -> int:
-        deleted = self._run(lambda conn: conn.execute(self._q_cleanup, (time.time(),)).rowcount)
+        now = time.time()
+
+        def clean_chords(conn: Conn) -> None:
+            # The tables may be another process's (the one that ran the chords).
+            if not self._chord_schema_ready:
+                if not self._chord_tables_exist(conn):
+                    return
+                self._chord_schema_ready = True
+            conn.execute(self._q_chord_cleanup, (now,))
+
+        self._run(clean_chords)
+        deleted = self._run(lambda conn: conn.execute(self._q_cleanup, (now,)).rowcount)
         if deleted:
             log.debug("deleted %d expired results from %s", deleted, self.table)
         return deleted

@@ -8,12 +8,22 @@ Keys (``<ns>`` is the URL's ``?namespace=``, default ``celeriac``)::
                                how many results expired; Redis itself deletes the values
     <ns>:changes       stream  one entry {t: task_id} per store (or {t0: id, t1: id, ...}
                                per batch the worker stores), MAXLEN ~ FEED_LENGTH
+    <ns>:chord:<gid>:parts
+                       set     the header task ids of chord <gid> counted so far
+    <ns>:chord:<gid>:fired
+                       string  "1" once the chord's count reached its size; both chord
+                               keys PEXPIREd by result_expires at every chord_part (no
+                               expiry when it is None)
 
 A store is one MULTI/EXEC round trip (value, expiry index, change entry), so a reader
 that sees the change entry sees the value. ``wait_for`` reads only the change entries
 past its cursor (a stream id packed into an int), and ``_wait`` blocks in Redis with
 XREAD BLOCK from the calling thread's last cursor: a store made between a reader's check
 and its sleep is already in the stream, so it wakes the sleeper at once. Nothing polls.
+
+``chord_part`` is one Lua script (``CHORD_PART``): Redis runs a script without
+interleaving any other command, so adding the part, counting and setting the fired flag
+(SET NX, whose reply says whether this call set it) is atomic across every client.
 """
 
 from __future__ import annotations
@@ -38,6 +48,25 @@ FEED_LENGTH = 100_000
 _PAGE = 10_000
 _MAX_BLOCK = 1.0
 """Longest XREAD BLOCK (s); base.wait_for never asks for more."""
+
+
+CHORD_PART = """
+-- KEYS: parts set, fired flag; ARGV: task id, chord size, expiry in ms (0: none).
+-- Returns 1 to the one call that counted the chord full and set the flag, else 0.
+redis.call('SADD', KEYS[1], ARGV[1])
+local fired = 0
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  if redis.call('SET', KEYS[2], '1', 'NX') then
+    fired = 1
+  end
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+return fired
+"""
 
 
 class RedisBackend(ResultBackend):
@@ -141,6 +170,19 @@ class RedisBackend(ResultBackend):
             # waiter that rereads its ids directly never calls _changes to move it).
             self._local.last = replies[0][0][1][-1][0].decode()
         return _values(task_ids, replies[1]) if task_ids else None
+
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        expires = self.settings.result_expires
+        ttl = max(1, math.ceil(expires * 1000)) if expires else 0
+
+        def part(client: redis.Redis, ns: str) -> Any:
+            # One script, so no other client's command runs between the SADD, the SCARD
+            # and the SET NX (a MULTI could not branch on the count).
+            script = client.register_script(CHORD_PART)
+            return script(keys=[f"{ns}:chord:{group_id}:parts", f"{ns}:chord:{group_id}:fired"],
+                          args=[task_id, size, ttl])
+
+        return int(self.conn.call(part)) == 1
 
     # -- maintenance ----------------------------------------------------------------------
     def forget(self, task_id: str) -> None:

@@ -10,6 +10,15 @@ them (the worker calls it on its Timer). Every write replaces the row and so tak
 never reused ``seq``: ``wait_for`` reads only rows with ``seq`` past its cursor. Writers
 ring the ``results`` doorbell, so ``AsyncResult.get()`` sleeps until a result is written
 instead of polling.
+
+Chords (``chord_part``)::
+
+    chord_parts(group_id TEXT, task_id TEXT, PRIMARY KEY (group_id, task_id))
+    chords(group_id TEXT PRIMARY KEY, fired INTEGER, expires REAL)
+
+A chord's parts and its row go together: ``chord_part`` writes both in one transaction,
+and an expired chord (its row's ``expires`` passed) is deleted with its parts, by the next
+``chord_part`` on it (which starts over) or by ``cleanup``.
 """
 
 from __future__ import annotations
@@ -34,7 +43,18 @@ CREATE TABLE IF NOT EXISTS results (
     data BLOB NOT NULL,
     expires REAL
 );
-CREATE INDEX IF NOT EXISTS results_expires ON results (expires) WHERE expires IS NOT NULL
+CREATE INDEX IF NOT EXISTS results_expires ON results (expires) WHERE expires IS NOT NULL;
+CREATE TABLE IF NOT EXISTS chord_parts (
+    group_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    PRIMARY KEY (group_id, task_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chords (
+    group_id TEXT PRIMARY KEY,
+    fired INTEGER NOT NULL DEFAULT 0,
+    expires REAL
+);
+CREATE INDEX IF NOT EXISTS chords_expires ON chords (expires) WHERE expires IS NOT NULL
 """
 
 
@@ -99,10 +119,44 @@ class SQLiteBackend(ResultBackend):
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM results WHERE task_id = ?", (task_id,))
 
-    def cleanup(self) -> int:
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        now = time.time()
+        expires = self.settings.result_expires
+        expires_at = now + expires if expires else None
+        # BEGIN IMMEDIATE takes the database's write lock before the first read, so the
+        # count below cannot miss a part another connection (or process) is adding: the
+        # callers run one after the other, and only one sees the count reach ``size``
+        # while the flag is still clear.
         with self.db.transaction() as conn:
+            gone = conn.execute("DELETE FROM chords WHERE group_id = ? AND expires <= ?",
+                                (group_id, now)).rowcount
+            if gone:  # expired (cleanup has not run yet): this count starts over
+                conn.execute("DELETE FROM chord_parts WHERE group_id = ?", (group_id,))
+            conn.execute("INSERT OR IGNORE INTO chord_parts (group_id, task_id) VALUES (?, ?)",
+                         (group_id, task_id))
+            conn.execute(
+                "INSERT INTO chords (group_id, fired, expires) VALUES (?, 0, ?)"
+                " ON CONFLICT (group_id) DO UPDATE SET expires = excluded.expires",
+                (group_id, expires_at))
+            # The rowcount of this conditional update is the answer: it changes the row
+            # only for the one call that both sees the count at ``size`` and the flag clear.
             return conn.execute(
-                "DELETE FROM results WHERE expires IS NOT NULL AND expires <= ?", (time.time(),)
+                "UPDATE chords SET fired = 1 WHERE group_id = ? AND fired = 0 AND"
+                " (SELECT count(*) FROM chord_parts WHERE group_id = ?) >= ?",
+                (group_id, group_id, size)).rowcount == 1
+
+    def cleanup(self) -> int:
+        now = time.time()
+        with self.db.transaction() as conn:
+            # Chord rows and their parts in the same transaction: a chord never loses its
+            # row while keeping its parts (chord_part would then count on stale parts).
+            conn.execute(
+                "DELETE FROM chord_parts WHERE group_id IN (SELECT group_id FROM chords"
+                " WHERE expires IS NOT NULL AND expires <= ?)", (now,))
+            conn.execute("DELETE FROM chords WHERE expires IS NOT NULL AND expires <= ?",
+                         (now,))
+            return conn.execute(
+                "DELETE FROM results WHERE expires IS NOT NULL AND expires <= ?", (now,)
             ).rowcount
 
     def close(self) -> None:

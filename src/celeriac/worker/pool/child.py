@@ -17,11 +17,12 @@ import os
 import random
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...backends.base import ResultBackend, Stored, backend_class
-from ...errors import SoftTimeLimitExceeded
+from ...errors import OperationalError, SoftTimeLimitExceeded
 from ...protocol import Message
 from ...transports.base import Outgoing, Publisher, transport_class
 from ..execute import Job, Result, execute_message
@@ -56,6 +57,8 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
         logger.error("worker_process_init failed in child %d: %r", os.getpid(), exc)
         return 2
     inbox = Inbox(job_r, control_r, outbox)
+    if isinstance(app._backend, RelayBackend):
+        app._backend.inbox = inbox  # chord_part reads its answers from the job pipe
     inbox.start()
     outbox.send(pipes.frame(pipes.UP, str(os.getpid()).encode()))
 
@@ -178,13 +181,22 @@ class RelayPublisher(Publisher):
 
 
 class RelayBackend(ResultBackend):
-    """In a child, stores results in a backend that lives in the parent's memory."""
+    """In a child, stores results in a backend that lives in the parent's memory.
+
+    ``chord_part`` is a request and an answer: the parent counts the part in its backend
+    (the one copy of the chord's state, so the count is atomic across the children) and
+    answers CHORD_ANSWER on the job pipe. The main thread, which runs the tasks, reads
+    that pipe only in ``Inbox.next`` between tasks, so the answer is read here, under the
+    inbox's lock (as ``Inbox.next`` does); jobs and STOP frames the parent sent before it
+    go to ``Inbox.pending``, in order, for ``Inbox.next`` to return later.
+    """
 
     scheme = "relay"
 
     def __init__(self, url: str, settings: Any, outbox: Outbox) -> None:
         super().__init__(url, settings)
         self.outbox = outbox
+        self.inbox: Inbox | None = None
 
     def store_many(self, items: Sequence[Stored]) -> None:
         for task_id, content_type, data, expires_at in items:
@@ -202,6 +214,43 @@ class RelayBackend(ResultBackend):
 
     def cleanup(self) -> int:
         return 0
+
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        inbox = self.inbox
+        if inbox is None:
+            raise OperationalError("chord_part in a pool child before its inbox is set up")
+        if threading.current_thread() is not threading.main_thread():
+            # Only the main thread may take frames from the job pipe between tasks: a
+            # thread's answer could otherwise be read by Inbox.next as a job.
+            raise OperationalError(
+                "chords on a process-local result backend (memory://) are counted from "
+                "the thread that runs the task in a pool child; use a result backend "
+                "shared between processes (redis, postgresql, sqlite) otherwise")
+        self.outbox.send(pipes.encode_chord_part(group_id, task_id, size))
+        answer = pipes.decode_chord_answer(_take_answer(inbox))
+        if isinstance(answer, str):
+            raise OperationalError(f"chord_part failed in the worker's main process: {answer}")
+        return answer
+
+
+def _take_answer(inbox: Inbox) -> bytes:
+    """The payload of the parent's next CHORD_ANSWER (one request is outstanding: the
+    main thread's)."""
+    with inbox.lock:
+        # The control thread may have taken it from the pipe (with the jobs before it)
+        # while answering a RECALL.
+        for frame in inbox.pending:
+            if frame[0] == pipes.CHORD_ANSWER:
+                inbox.pending.remove(frame)
+                return frame[1]
+        while True:
+            read = pipes.read_frame(inbox.job_fd)
+            if read is None:
+                raise OperationalError("the worker's main process went away before it "
+                                       "answered chord_part")
+            if read[0] == pipes.CHORD_ANSWER:
+                return read[1]
+            inbox.pending.append(read)  # a job or STOP sent before the answer
 
 
 def decode_relayed_message(meta: dict[str, Any], body: bytes) -> Message:

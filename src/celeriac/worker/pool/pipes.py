@@ -34,6 +34,7 @@ BLOB_HEADER = struct.Struct("!IBI")
 # Parent -> child, on the job pipe
 JOB = 1  # encode_job / decode_job
 STOP = 2
+CHORD_ANSWER = 4  # the answer to RELAY_CHORD: encode_chord_answer / decode_chord_answer
 # Parent -> child, on the control pipe (channels.py)
 RECALL = 3  # the job's seq, as text: hand this job back if it has not started
 # Child -> parent
@@ -44,6 +45,9 @@ RELAY_RESULT = 12  # a result for a backend that lives in the parent's memory:
 RELAY_PUBLISH = 13  # a message for a transport that lives in the parent's memory
 RECALLED = 14  # the job's seq, as text: it was taken back unstarted
 STARTED = 15  # the job's seq, as text: a RECALL came too late, the job has started
+RELAY_CHORD = 16  # chord_part for a backend that lives in the parent's memory: JSON
+#                   [group_id, task_id, size]; the parent answers CHORD_ANSWER on the
+#                   job pipe (the child's RelayBackend waits for it)
 
 
 class Done(NamedTuple):
@@ -100,6 +104,28 @@ def decode_done(payload: bytes) -> Done:
         if meta[8] is not None:
             shown = (meta[8][0], meta[8][1])
     return Done(seq, action, state, reason, runtime, retire, stored, shown)
+
+
+def encode_chord_part(group_id: str, task_id: str, size: int) -> bytes:
+    return frame(RELAY_CHORD, orjson.dumps([group_id, task_id, size]))
+
+
+def decode_chord_part(payload: bytes) -> tuple[str, str, int]:
+    group_id, task_id, size = orjson.loads(payload)
+    return group_id, task_id, size
+
+
+def encode_chord_answer(fired: bool | None, error: str = "") -> bytes:
+    """``fired``, or None and why the parent's ``chord_part`` failed."""
+    return frame(CHORD_ANSWER, b"!" + error.encode() if fired is None else
+                 b"1" if fired else b"0")
+
+
+def decode_chord_answer(payload: bytes) -> bool | str:
+    """The answer, or the parent's error message."""
+    if payload.startswith(b"!"):
+        return payload[1:].decode()
+    return payload == b"1"
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:

@@ -263,6 +263,23 @@ class PreforkPool(Pool):
                 meta, blob = pipes.split_blob(payload)
                 message = Message.from_envelope(meta["envelope"].encode(), blob)
                 self.app.transport.publish(meta["queue"], message, delay=meta["delay"])
+            elif kind == pipes.RELAY_CHORD:
+                self._relay_chord(proc, payload)
+
+    def _relay_chord(self, proc: ChildProc, payload: bytes) -> None:
+        """A child's ``chord_part`` on the backend in this process's memory; the child
+        waits for the answer. Run here on the loop: a process-local backend answers at
+        once (it never waits on a network), and this is the only process that holds the
+        count, so the backend's own lock makes it atomic across all the children."""
+        group_id, task_id, size = pipes.decode_chord_part(payload)
+        try:
+            answer = pipes.encode_chord_answer(
+                self.app.backend.chord_part(group_id, task_id, size))
+        except Exception as exc:  # the child raises it; the pool goes on
+            logger.error("chord_part for child %d failed: %r", proc.pid, exc)
+            answer = pipes.encode_chord_answer(None, f"{type(exc).__name__}: {exc}")
+        # On the job pipe, behind any job already sent: the child sets those aside.
+        proc.writer.write(answer)
 
     def _on_done_frame(self, proc: ChildProc, done: pipes.Done) -> None:
         job, queued = proc.job, proc.queued
