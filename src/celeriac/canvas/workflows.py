@@ -351,8 +351,11 @@ class chord(Signature):
         result.parent = header  # type: ignore[assignment]
         return result
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.apply_async(args, kwargs)
+    def __call__(self, body: Mapping[str, Any] | None = None, **options: Any) -> Any:
+        """``chord(header)(body)``: Celery's way to give the body and send."""
+        if body is not None:
+            self.kwargs["body"] = maybe_signature(body, self._app)
+        return self.apply_async(**options)
 
 
 Signature.TYPES.update(chain=chain, group=group, chord=chord)
