@@ -1,6 +1,6 @@
 """Chords under fire, on Redis: many chords while pool children are killed with kill -9
 at random and one whole worker is killed and another started. Every body must run, with
-the right inputs, and a ledger counts how many times each ran.
+the right inputs, and a ledger counts how many times each ran (printed with ``-s``).
 
 ``CHAOS_CHORDS`` (default 200) sets the number of chords of 10 tasks; the issue's figure
 is 1,000: ``CHAOS_CHORDS=1000 pytest tests/faults/test_chord_chaos.py -s``.
@@ -59,12 +59,12 @@ def test_every_chord_body_runs_once_while_children_and_a_worker_are_killed(
     kills = 0
     replaced = False
     ledger = redis.Redis()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         done = ledger.hlen(env["LEDGER_KEY"])
-        if done >= CHORDS:
+        if done >= CHORDS and replaced:
             break
-        if not replaced and done >= CHORDS // 3:
+        if not replaced and done >= 1:
             # One whole worker dies (its children with it); another takes its place.
             first.signal(signal.SIGKILL, group=True)
             start_worker("-c", "2")
@@ -85,6 +85,8 @@ def test_every_chord_body_runs_once_while_children_and_a_worker_are_killed(
           f"{sum(1 for c in runs.values() if c == 1)}, twice or more: {len(twice)}, "
           f"never: {len(missing)}")
     assert replaced
+    if missing:
+        print(second.log[-3000:])
     assert not missing, f"bodies that never ran: {missing[:20]}"
     assert not twice, f"bodies that ran more than once: {twice[:20]}"
     assert set(sums.values()) == {sum(range(SIZE))}

@@ -112,9 +112,11 @@ class ResultBackend(abc.ABC):
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         """Count header task ``task_id`` of chord ``group_id`` (``size`` header tasks) as
         finished. Idempotent per task id: a task counted twice (it ran twice) counts once.
-        Returns True exactly once per chord: to the call whose count reached ``size``, which
-        sets the chord's fired flag in the same atomic operation; every later call (a header
-        task that ran again, a duplicate) gets False. The chord's parts and flag expire with
+        Returns True to the call whose count reached ``size``, which records its task id as
+        the chord's fired flag in the same atomic operation, and again to a later call for
+        that same task id: the task that completed the chord ran again, because its first
+        run may have died before it sent the body (the body's id is fixed, so the body is
+        never lost). Every other call gets False. The chord's parts and flag expire with
         ``result_expires``."""
 
     def close(self) -> None:

@@ -19,7 +19,8 @@ _LOG_LIMIT = 100_000
 @dataclass
 class _Chord:
     parts: set[str] = field(default_factory=set)
-    fired: bool = False
+    fired_by: str | None = None
+    """The task id whose count completed the chord."""
     expires_at: float | None = None
 
 
@@ -109,9 +110,11 @@ class MemoryBackend(ResultBackend):
                 chord = s.chords[group_id] = _Chord()  # new, or expired: start over
             chord.parts.add(task_id)
             chord.expires_at = now + expires if expires else None
-            if chord.fired or len(chord.parts) < size:
+            if chord.fired_by is not None:
+                return chord.fired_by == task_id  # the completing task, run again
+            if len(chord.parts) < size:
                 return False
-            chord.fired = True
+            chord.fired_by = task_id
             return True
 
     def cleanup(self) -> int:

@@ -22,14 +22,14 @@ Chords (``chord_part``), in two more tables, created (under the same advisory lo
 the first ``chord_part`` rather than with the results table, so that deployments and test
 namespaces that never run a chord do not get tables they would have to drop::
 
-    <ns>_chords(group_id text PRIMARY KEY, fired boolean, expires double precision)
+    <ns>_chords(group_id text PRIMARY KEY, fired_by text, expires double precision)
     <ns>_chord_parts(group_id text REFERENCES <ns>_chords ON DELETE CASCADE,
                      task_id text, PRIMARY KEY (group_id, task_id))
 
 ``chord_part`` is one transaction that first locks the chord's row (SELECT ... FOR
 UPDATE): callers on one chord run one after the other, and each one's count, a new
 snapshot taken after it got the lock, includes every part committed before it. So
-exactly one of them sees the count reach the size with ``fired`` still false. An expired
+exactly one of them sees the count reach the size with ``fired_by`` still null. An expired
 chord is deleted with its parts (the cascade) by the next ``chord_part`` on it, which
 starts over, or by ``cleanup``.
 
@@ -203,7 +203,7 @@ class PostgresBackend(ResultBackend):
         self._chord_tables = (f"{namespace}_chords", f"{namespace}_chord_parts")
         self._chord_ddl = [
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (group_id text PRIMARY KEY,"
-                    " fired boolean NOT NULL DEFAULT false, expires double precision)"
+                    " fired_by text, expires double precision)"
                     ).format(ct),
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (expires) WHERE expires IS NOT NULL"
                     ).format(sql.Identifier(f"{namespace}_chords_expires_idx"), ct),
@@ -212,22 +212,24 @@ class PostgresBackend(ResultBackend):
                     " PRIMARY KEY (group_id, task_id))").format(pt, ct),
         ]
         self._q_chord_row = sql.SQL(
-            "INSERT INTO {} (group_id, fired, expires) VALUES (%s, false, %s)"
+            "INSERT INTO {} (group_id, fired_by, expires) VALUES (%s, NULL, %s)"
             " ON CONFLICT (group_id) DO NOTHING").format(ct)
         self._q_chord_lock = sql.SQL(
             "SELECT expires FROM {} WHERE group_id = %s FOR UPDATE").format(ct)
         self._q_chord_reset = sql.SQL(
             "DELETE FROM {} WHERE group_id = %s").format(pt)
         self._q_chord_touch = sql.SQL(
-            "UPDATE {} SET expires = %s, fired = fired AND NOT %s WHERE group_id = %s"
+            "UPDATE {} SET expires = %s,"
+            " fired_by = CASE WHEN %s THEN NULL ELSE fired_by END WHERE group_id = %s"
         ).format(ct)
         self._q_chord_part = sql.SQL(
             "INSERT INTO {} (group_id, task_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
         ).format(pt)
         self._q_chord_fire = sql.SQL(
-            "UPDATE {c} SET fired = true WHERE group_id = %s AND NOT fired AND"
+            "UPDATE {c} SET fired_by = %s WHERE group_id = %s AND fired_by IS NULL AND"
             " (SELECT count(*) FROM {p} WHERE group_id = %s) >= %s RETURNING 1"
         ).format(c=ct, p=pt)
+        self._q_chord_firer = sql.SQL("SELECT fired_by FROM {} WHERE group_id = %s").format(ct)
         self._q_chord_cleanup = sql.SQL(
             "DELETE FROM {} WHERE expires <= %s").format(ct)  # parts: the cascade
         self._pipeline = psycopg.Pipeline.is_supported()
@@ -448,9 +450,14 @@ class PostgresBackend(ResultBackend):
                     conn.execute(self._q_chord_reset, (group_id,))
                 conn.execute(self._q_chord_touch, (expires_at, expired, group_id))
                 conn.execute(self._q_chord_part, (group_id, task_id))
-                # RETURNING a row only for the call that flips the flag at the full count.
-                return conn.execute(self._q_chord_fire, (group_id, group_id, size)
-                                    ).fetchone() is not None
+                # RETURNING a row only for the call that sets the flag at the full count;
+                # the completing task run again (it may have died before sending the body)
+                # finds its own id there.
+                if conn.execute(self._q_chord_fire, (task_id, group_id, group_id, size)
+                                ).fetchone() is not None:
+                    return True
+                firer = conn.execute(self._q_chord_firer, (group_id,)).fetchone()
+                return firer is not None and firer[0] == task_id
 
         return self._run(op)
 

@@ -52,11 +52,14 @@ _MAX_BLOCK = 1.0
 
 CHORD_PART = """
 -- KEYS: parts set, fired flag; ARGV: task id, chord size, expiry in ms (0: none).
--- Returns 1 to the one call that counted the chord full and set the flag, else 0.
+-- Returns 1 to the call that counted the chord full and set the flag to its task id, and
+-- to a later call by that same task (it ran again), else 0.
 redis.call('SADD', KEYS[1], ARGV[1])
 local fired = 0
 if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  if redis.call('SET', KEYS[2], '1', 'NX') then
+  if redis.call('SET', KEYS[2], ARGV[1], 'NX') then
+    fired = 1
+  elseif redis.call('GET', KEYS[2]) == ARGV[1] then
     fired = 1
   end
 end

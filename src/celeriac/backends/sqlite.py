@@ -14,7 +14,7 @@ instead of polling.
 Chords (``chord_part``)::
 
     chord_parts(group_id TEXT, task_id TEXT, PRIMARY KEY (group_id, task_id))
-    chords(group_id TEXT PRIMARY KEY, fired INTEGER, expires REAL)
+    chords(group_id TEXT PRIMARY KEY, fired_by TEXT, expires REAL)
 
 A chord's parts and its row go together: ``chord_part`` writes both in one transaction,
 and an expired chord (its row's ``expires`` passed) is deleted with its parts, by the next
@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS chord_parts (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS chords (
     group_id TEXT PRIMARY KEY,
-    fired INTEGER NOT NULL DEFAULT 0,
+    fired_by TEXT,
     expires REAL
 );
 CREATE INDEX IF NOT EXISTS chords_expires ON chords (expires) WHERE expires IS NOT NULL
@@ -135,15 +135,21 @@ class SQLiteBackend(ResultBackend):
             conn.execute("INSERT OR IGNORE INTO chord_parts (group_id, task_id) VALUES (?, ?)",
                          (group_id, task_id))
             conn.execute(
-                "INSERT INTO chords (group_id, fired, expires) VALUES (?, 0, ?)"
+                "INSERT INTO chords (group_id, fired_by, expires) VALUES (?, NULL, ?)"
                 " ON CONFLICT (group_id) DO UPDATE SET expires = excluded.expires",
                 (group_id, expires_at))
             # The rowcount of this conditional update is the answer: it changes the row
             # only for the one call that both sees the count at ``size`` and the flag clear.
-            return conn.execute(
-                "UPDATE chords SET fired = 1 WHERE group_id = ? AND fired = 0 AND"
-                " (SELECT count(*) FROM chord_parts WHERE group_id = ?) >= ?",
-                (group_id, group_id, size)).rowcount == 1
+            if conn.execute(
+                    "UPDATE chords SET fired_by = ? WHERE group_id = ? AND fired_by IS NULL"
+                    " AND (SELECT count(*) FROM chord_parts WHERE group_id = ?) >= ?",
+                    (task_id, group_id, group_id, size)).rowcount == 1:
+                return True
+            # The completing task, run again (its first run may have died before it sent
+            # the body): it is told to fire again.
+            row = conn.execute("SELECT fired_by FROM chords WHERE group_id = ?",
+                               (group_id,)).fetchone()
+            return bool(row) and row[0] == task_id
 
     def cleanup(self) -> int:
         now = time.time()

@@ -136,7 +136,23 @@ def _fire(app: Celeriac, group_id: str, body: Mapping[str, Any],
             detail = _exception_text(meta.result) if meta else "its result is gone"
             return _fail(app, body, body_id, lineage,
                          f"Dependency {task_id} raised {state}: {detail}")
-    send(app, body, ([metas[i].result for i in ids],), lineage)
+    # A fresh claim per publish: if this process dies after sending and before its task
+    # is acknowledged, the re-run sends the body again (see chord_part); the copy whose
+    # claim comes second is then not run (``claimed``).
+    claimed = {**body, "options": {**(body.get("options") or {}), "headers": {
+        **((body.get("options") or {}).get("headers") or {}), CLAIM_HEADER: new_id()}}}
+    send(app, claimed, ([metas[i].result for i in ids],), lineage)
+
+
+CLAIM_HEADER = "celeriac_chord_claim"
+"""A chord body's header: which publish of the body this message is."""
+
+
+def claimed(app: Celeriac, task_id: str, claim: str) -> bool:
+    """Whether this message of a chord body may run: the first copy to ask claims the
+    body's id (its redeliveries keep the claim); a second copy, sent by a re-run of the
+    task that completed the chord, is not run. The claim is counted as a chord of one."""
+    return app.backend.chord_part(f"chord-body:{task_id}", claim, 1)
 
 
 def _fail(app: Celeriac, body: Mapping[str, Any], body_id: str | None,
