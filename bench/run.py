@@ -9,6 +9,10 @@ of each system, on a fresh, empty broker and result store:
 3. drain: a worker (2 prefork processes for the Redis systems) starts on the full queue
    of step 2; timed from the moment it is consuming until every result is stored.
 4. round trip: with the worker idle, ``noop.delay().get()`` one call at a time.
+5. canvas (celeriac on Redis and Celery only), on the same idle worker: a group of
+   ``--canvas-n`` no-ops sent and joined, then a chord of ``--chord-n`` no-ops, timed from
+   sending to its body's result. Last, so that a chord that never completes (the worker
+   retrying its header) disturbs no other figure.
 
 celeriac runs in this process (this virtualenv). Each peer (Celery, ...) runs in its own
 virtualenv, ``bench/.venv-<peer>``, made on first use: a driver script there
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
@@ -92,6 +97,9 @@ class System(abc.ABC):
     result; the drain is timed until the counter reaches N. Such systems measure
     ``delay()`` and the drain only."""
 
+    canvas = False
+    """It measures the canvas rows (``canvas_group``, ``canvas_chord``)."""
+
     sent = 0
     """Tasks sent by the last ``enqueue``."""
     scale = 1
@@ -132,6 +140,17 @@ class System(abc.ABC):
     def latency(self, count: int, warmup: int, timeout: float) -> list[float]:
         """Seconds per call of ``count`` sequential ``delay()`` + wait for the result,
         after ``warmup`` untimed ones."""
+
+    def canvas_group(self, n: int, timeout: float) -> float:
+        """Seconds to send a group of ``n`` no-ops (results stored) and have every result
+        back, with the worker idle; raise if not all are back within ``timeout``."""
+        raise NotImplementedError
+
+    def canvas_chord(self, m: int, timeout: float) -> float:
+        """Seconds from sending a chord of ``m`` no-ops (its body given their results'
+        list, returning its length) to the body's result; raise if not back by
+        ``timeout`` or if the body did not get ``m`` results."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def stop_worker(self) -> None:
@@ -198,9 +217,10 @@ class CeleriacProcess(CeleriacSystem):
 
     def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1,
                  events: bool = False, watched: bool = False, io: bool = False,
-                 scale: int = 1) -> None:
+                 scale: int = 1, canvas: bool = False) -> None:
         self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
         self.events, self.watched, self.io, self.scale = events, watched, io, scale
+        self.canvas = canvas
         suffix = f"prefork x{concurrency}" if pool == "prefork" else pool
         self.name = (f"celeriac {transport} {suffix}" + (" -E" if events else "")
                      + (" watched" if watched else "") + (" I/O task" if io else "")
@@ -273,6 +293,86 @@ class CeleriacProcess(CeleriacSystem):
                 return succeeded
             if self.worker is not None:
                 self.worker.check_alive("mid-drain")
+
+    def canvas_group(self, n: int, timeout: float) -> float:
+        from celeriac import group
+
+        noop, clock = self.noop, time.perf_counter
+        t0 = clock()
+        result = group(noop.s() for _ in range(n)).apply_async()
+        values = self._canvas_wait(lambda t: result.get(timeout=t), timeout)
+        elapsed = clock() - t0
+        if len(values) != n:
+            raise BenchError(f"group of {n}: {len(values)} results")
+        return elapsed
+
+    def canvas_chord(self, m: int, timeout: float) -> float:
+        from celeriac import chord
+
+        noop, collect = self.noop, self.app.tasks[bench_tasks.COLLECT]
+        clock = time.perf_counter
+        t0 = clock()
+        # chord(header, body), not Celery's other spelling chord(header)(body): celeriac's
+        # chord.__call__ takes its arguments as the header's partial arguments (at this
+        # commit it raises "this chord has no body"). Both send the same messages.
+        body = chord((noop.s() for _ in range(m)), collect.s()).apply_async()
+        header = body.parent
+        header_done: list[float] = []
+
+        def stuck() -> str | None:
+            # Called between slices only (never in the first one): the header's results
+            # all stored and no body CHORD_BODY_GRACE later means the body was never
+            # sent; say so now rather than at the deadline, with the worker's words.
+            if header is None or not header.ready():
+                return None
+            header_done.append(time.monotonic())
+            if header_done[-1] - header_done[0] < CHORD_BODY_GRACE:
+                return None
+            return (f"its {m} header tasks all have results but its body was not run "
+                    f"{CHORD_BODY_GRACE:g}s later; worker log: {self._log_excerpt()}")
+
+        value = self._canvas_wait(lambda t: body.get(timeout=t), timeout, stuck)
+        elapsed = clock() - t0
+        if value != m:
+            raise BenchError(f"chord of {m}: the body got {value} results")
+        return elapsed
+
+    def _canvas_wait(self, get: Callable[[float], Any], timeout: float,
+                     stuck: Callable[[], str | None] | None = None) -> Any:
+        """``get(seconds)`` in slices until it returns, checking on the worker (and with
+        ``stuck``) in between; ``BenchError`` at the deadline."""
+        from celeriac.errors import ResultTimeout
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return get(min(CELERIAC_WAIT_SLICE, max(deadline - time.monotonic(), 0)))
+            except ResultTimeout:
+                if time.monotonic() >= deadline:
+                    raise BenchError(f"not done after {timeout:.0f}s; worker log: "
+                                     f"{self._log_excerpt()}") from None
+            if self.worker is not None:
+                self.worker.check_alive("mid-canvas")
+            why = stuck() if stuck is not None else None
+            if why is not None:
+                raise BenchError(why)
+
+    def _log_excerpt(self) -> str:
+        """The worker log's first error and the exception that ended its traceback (a
+        chord that cannot complete logs one per header task and delivery)."""
+        path = self.worker.log_path if self.worker is not None else None
+        if path is None or not path.exists():
+            return "(no log)"
+        lines = path.read_text(errors="replace").splitlines()
+        errors = [i for i, line in enumerate(lines) if "ERROR" in line]
+        if not errors:
+            return "\n".join(lines[-6:]) or "(empty log)"
+        first = errors[0]
+        raised = next((line for line in lines[first + 1:first + 40]
+                       if line and not line[0].isspace() and not line.startswith("Traceback")),
+                      "")
+        return (f"{len(errors)} error(s), the first:\n{lines[first]}"
+                + (f"\n{raised}" if raised and not raised.startswith("[") else ""))
 
     def stop_worker(self) -> None:
         worker, self.worker = self.worker, None
@@ -412,6 +512,8 @@ class Peer:
     detail: str
     ready_lines: int = 1
     """How many processes report ready (the drain is timed from the last)."""
+    canvas: bool = False
+    """Its driver answers ``group`` and ``chord`` (the canvas rows)."""
 
 
 PEERS: dict[str, Peer] = {
@@ -428,6 +530,7 @@ PEERS: dict[str, Peer] = {
                               "x n (kombu >= 5.7 pipelines the LPUSHes)",
         },
         detail="Redis broker + Redis result backend, db 14, Celery's default settings",
+        canvas=True,
     ),
     "dramatiq": Peer(
         key="dramatiq", label="Dramatiq", name="dramatiq redis 2 procs",
@@ -537,6 +640,7 @@ class PeerSystem(System):
     def __init__(self, peer: Peer, io: bool = False) -> None:
         self.peer = peer
         self.io = io
+        self.canvas = peer.canvas and not io
         self.key = f"{peer.key}-io" if io else peer.key
         self.name = peer.name + (" I/O task" if io else "")
         self.detail = f"{peer.detail}; worker: `{' '.join(peer.worker)}` subprocess"
@@ -608,6 +712,15 @@ class PeerSystem(System):
                                  timeout=timeout)
         return [float(s) for s in reply["samples"]]
 
+    def canvas_group(self, n: int, timeout: float) -> float:
+        # 2 x timeout: the driver's untimed warm-up round trip has the deadline too.
+        assert self.driver is not None
+        return float(self.driver.call("group", 2 * timeout + 30, n=n, timeout=timeout)["seconds"])
+
+    def canvas_chord(self, m: int, timeout: float) -> float:
+        assert self.driver is not None
+        return float(self.driver.call("chord", 2 * timeout + 30, m=m, timeout=timeout)["seconds"])
+
     def stop_worker(self) -> None:
         worker, self.worker = self.worker, None
         if worker is not None:
@@ -665,7 +778,7 @@ def wait_io(system: System, timeout: float) -> int:
 
 
 SYSTEMS: dict[str, Callable[[], System]] = {
-    "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2),
+    "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2, canvas=True),
     "redis-io": lambda: CeleriacProcess("redis-io", "redis", "prefork", 2, io=True),
     "redis-x4": lambda: CeleriacProcess("redis-x4", "redis", "prefork", 2, scale=4),
     "redis-events": lambda: CeleriacProcess("redis-events", "redis", "prefork", 2, events=True),
@@ -691,6 +804,10 @@ WAIT_SLICE = 1.0
 """Seconds a peer's driver waits for results before the bench checks on the worker."""
 CELERIAC_WAIT_SLICE = 2.0
 """The same for celeriac's ``wait_for`` (which rereads what is pending when restarted)."""
+CHORD_BODY_GRACE = 10.0
+"""Seconds the chord row waits for the body once every header task has a result: the body
+is sent by the worker that stores the last of them, so it follows within milliseconds;
+after this long it is not coming (the chord row fails then, not at the deadline)."""
 SETUP_TIMEOUT = 600.0
 _LIVE: set[subprocess.Popen[bytes]] = set()
 console = Console()
@@ -927,6 +1044,12 @@ class Run:
     """MiB, the (first) worker's main process after the drain"""
     rss_child: float | None = None
     """MiB, its largest other process after the drain"""
+    group: float | None = None
+    """seconds, a group of --canvas-n no-ops sent -> every result back"""
+    chord: float | None = None
+    """seconds, a chord of --chord-n no-ops sent -> its body's result"""
+    canvas_errors: dict[str, str] = field(default_factory=dict)
+    """"group"/"chord" -> why that row failed in this run (the rest of the run stands)"""
 
     @property
     def best_bulk(self) -> float | None:
@@ -1015,13 +1138,29 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
             except Exception as exc:
                 raise BenchError(f"round trip failed: {type(exc).__name__}: {exc}") from exc
             p50, p99 = percentile(samples, 50), percentile(samples, 99)
-        return Run(enqueue_rate, bulk, started - asked, n / (finished - started), p50, p99,
-                   *rss)
+        run = Run(enqueue_rate, bulk, started - asked, n / (finished - started), p50, p99,
+                  *rss)
+        if opts.canvas and system.canvas:
+            measure_canvas(system, opts, run)
+        return run
     finally:
         try:
             system.stop_worker()
         finally:
             system.teardown()
+
+
+def measure_canvas(system: System, opts: argparse.Namespace, run: Run) -> None:
+    """The group and chord rows, on the run's idle worker. A row that fails is recorded
+    in ``run.canvas_errors`` and shown as failed; the run's other figures stand."""
+    for row, size, call in (("group", opts.canvas_n, system.canvas_group),
+                            ("chord", opts.chord_n, system.canvas_chord)):
+        try:
+            setattr(run, row, call(size, opts.timeout))
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+            run.canvas_errors[row] = message
+            console.print(f"[red]{system.name}: {row} of {size:,} failed: {escape(message)}[/]")
 
 
 SOAK_GROWTH_MIB = 5.0
@@ -1102,8 +1241,12 @@ def run_once(outcome: Outcome, i: int, opts: argparse.Namespace, root: Path) -> 
     bulk = "".join(f"  {m} {r:,.0f}/s" for m, r in run.bulk.items())
     rt = (f"  round trip p50 {run.p50 * 1e3:.2f} ms p99 {run.p99 * 1e3:.2f} ms"
           if run.p50 is not None and run.p99 is not None else "")
+    canvas = "".join(f"  {row} {'failed' if value is None else f'{value * 1e3:,.0f} ms'}"
+                     for row, value in (("group", run.group), ("chord", run.chord))
+                     if value is not None or row in run.canvas_errors)
     console.print(f"  {system.name} {i}/{opts.runs}: delay {run.enqueue:,.0f}/s{bulk}"
-                  f"  drain {run.drain:,.0f}/s{rt}  worker up {run.startup * 1000:,.0f} ms")
+                  f"  drain {run.drain:,.0f}/s{rt}{canvas}  worker up "
+                  f"{run.startup * 1000:,.0f} ms")
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -1131,6 +1274,10 @@ def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
     columns.append(("drain\nrun + results\ntasks/s", "right"))
     if opts.latency:
         columns += [("round trip\np50\nms", "right"), ("round trip\np99\nms", "right")]
+    canvas = show_canvas(outcomes, opts)
+    if canvas:
+        columns += [(f"group join\n{opts.canvas_n:,} tasks\nms", "right"),
+                    (f"chord\n{opts.chord_n:,} + body\nms", "right")]
     columns.append(("worker\nstartup\nms", "right"))
     columns.append(("worker RSS\nmain / child\nMiB", "right"))
     for title, justify in columns:
@@ -1146,6 +1293,8 @@ def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
             if opts.latency:
                 cols += [cell([ms(r.p50) for r in o.runs], ".2f"),
                          cell([ms(r.p99) for r in o.runs], ".2f")]
+            if canvas:
+                cols += [canvas_cell(o, "group"), canvas_cell(o, "chord")]
             cols.append(cell([r.startup * 1000 for r in o.runs], ",.0f"))
             parent = o.median(lambda r: r.rss_parent)
             child = o.median(lambda r: r.rss_child)
@@ -1154,6 +1303,38 @@ def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
         table.add_row(o.system.name + (" [red](incomplete)[/]" if o.error and o.runs else ""),
                       *cols)
     return table
+
+
+def show_canvas(outcomes: list[Outcome], opts: argparse.Namespace) -> bool:
+    return bool(opts.canvas and any(o.system.canvas for o in outcomes))
+
+
+def canvas_cell(o: Outcome, row: str) -> str:
+    """The row's median ms (min-max below), and how many runs it failed in, if any."""
+    if not o.system.canvas:
+        return "-"
+    failed = sum(1 for r in o.runs if row in r.canvas_errors)
+    shown = cell([ms(getattr(r, row)) for r in o.runs], ",.0f")
+    if not failed:
+        return shown
+    note = f"[red]failed {failed}/{len(o.runs)}[/]"
+    return note if shown == "-" else f"{shown}\n{note}"
+
+
+def canvas_failures(outcomes: list[Outcome]) -> bool:
+    """Print why each canvas row failed (first run's reason per row); True if any did."""
+    any_failed = False
+    for o in outcomes:
+        for row in ("group", "chord"):
+            reasons = [(i, r.canvas_errors[row]) for i, r in enumerate(o.runs, 1)
+                       if row in r.canvas_errors]
+            if reasons:
+                any_failed = True
+                i, why = reasons[0]
+                console.print(f"[red]{o.system.name}: the {row} row failed in "
+                              f"{len(reasons)} of {len(o.runs)} run(s); run {i}: "
+                              f"{escape(why)}[/]")
+    return any_failed
 
 
 def details(outcomes: list[Outcome], opts: argparse.Namespace) -> None:
@@ -1177,6 +1358,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     "bulk": ("ratio", 20.0),
     "drain": ("ratio", 10.0),
     "p50": ("ceiling", 0.001),
+    "group": ("ratio", 10.0),
+    "chord": ("ratio", 10.0),
 }
 REFERENCE = {"enqueue": 1650.0, "drain": 700.0, "p50": 0.0038}
 """Celery on the development machine when the targets were set (enqueues/s, drained/s,
@@ -1187,7 +1370,7 @@ DRAMATIQ_DRAIN_TARGET = 2.0
 """celeriac's drain over Dramatiq's (2 processes x 8 threads), for both tasks."""
 
 
-def ratio_table(outcomes: list[Outcome]) -> Table | None:
+def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | None:
     by_key = {o.system.key: o for o in outcomes if o.runs}
     ours = by_key.get("redis") or by_key.get("redis-io")
     peers = [by_key.get(k) or by_key[f"{k}-io"] for k in PEERS
@@ -1207,6 +1390,19 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
         ("p50", "round trip p50 ms", lambda r: ms(r.p50), lambda r: ms(r.p50), ".2f"),
         ("p99", "round trip p99 ms", lambda r: ms(r.p99), lambda r: ms(r.p99), ".2f"),
     ]
+    if show_canvas(outcomes, opts):
+        # As rates (tasks / seconds to the last result), so that the ratio reads as the
+        # other rows' do: higher is better, the target is a multiple of Celery's.
+        def group_rate(r: Run) -> float | None:
+            return opts.canvas_n / r.group if r.group else None
+
+        def chord_rate(r: Run) -> float | None:
+            return opts.chord_n / r.chord if r.chord else None
+
+        rows += [
+            ("group", f"group join {opts.canvas_n:,} tasks/s", group_rate, group_rate, ",.0f"),
+            ("chord", f"chord {opts.chord_n:,} tasks/s", chord_rate, chord_rate, ",.0f"),
+        ]
     table = Table(title="celeriac on Redis against its peers (medians; ratio = celeriac / "
                         "peer; for round trips lower is better)")
     table.add_column("metric")
@@ -1248,6 +1444,9 @@ def ratio_table(outcomes: list[Outcome]) -> Table | None:
                                      mine / dramatiq >= DRAMATIQ_DRAIN_TARGET)
                 if mine and theirs:
                     verdict = "[green]yes[/]" if ok else "[red]no[/]"
+                elif any(key in r.canvas_errors for o in (mine_o, celery) if o
+                         for r in o.runs):
+                    verdict = "[red]failed[/]"  # the reason is printed under the table
             elif kind == "ceiling":
                 target = f"< {bound * 1000:g} ms"
                 if mine is not None:
@@ -1311,6 +1510,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", type=int, default=100_000,
                         help="tasks of the memory soak: one celeriac worker drains them and "
                              "its memory is read as it goes; 0 skips it (default 100000)")
+    parser.add_argument("--canvas-n", type=int, default=10_000,
+                        help="canvas: tasks in the group that is sent and joined (celeriac "
+                             "on Redis and Celery; default 10000)")
+    parser.add_argument("--chord-n", type=int, default=1000,
+                        help="canvas: header tasks of the chord timed to its body's result "
+                             "(default 1000)")
+    parser.add_argument("--no-canvas", dest="canvas", action="store_false",
+                        help="skip the canvas rows (group join, chord)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="deadline in seconds for each wait (default 60)")
     parser.add_argument("--lock-timeout", type=float, default=600.0,
@@ -1324,9 +1531,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not names:
         parser.error(f"unknown --systems {unknown}; known: {', '.join(SYSTEMS)}")
     if (opts.n < 1 or opts.runs < 1 or opts.batch < 0 or opts.latency < 0 or opts.warmup < 0
-            or opts.timeout <= 0):
-        parser.error("--n and --runs must be >= 1, --batch, --latency and --warmup >= 0, "
-                     "--timeout > 0")
+            or opts.timeout <= 0 or opts.canvas_n < 1 or opts.chord_n < 1):
+        parser.error("--n, --runs, --canvas-n and --chord-n must be >= 1, --batch, --latency "
+                     "and --warmup >= 0, --timeout > 0")
 
     console.print(f"[bold]celeriac bench[/]: {opts.n:,} no-op tasks x {opts.runs} run(s) on "
                   f"{', '.join(names)}; Python {platform.python_version()}, "
@@ -1348,7 +1555,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     console.print(report(outcomes, opts))
     details(outcomes, opts)
-    ratios = ratio_table(outcomes)
+    ratios = ratio_table(outcomes, opts)
     if ratios is not None:
         console.print(ratios)
         celery = next((o for o in outcomes if o.system.key == "celery" and o.runs), None)
@@ -1361,6 +1568,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{REFERENCE['drain']:,.0f} drained/s, {REFERENCE['p50'] * 1e3:.1f} ms p50; "
                 f"in this run: {mine['enqueue'] or 0:,.0f}, {mine['drain'] or 0:,.0f}, "
                 f"{(mine['p50'] or 0) * 1e3:.2f} ms. Targets are judged against this run.[/]")
+    canvas_failed = canvas_failures(outcomes)
     events_cost(outcomes)
     pool_ratios(outcomes)
     if overhead is not None:
@@ -1371,7 +1579,7 @@ def main(argv: list[str] | None = None) -> int:
     if soak:
         console.print(soak)
     console.print(f"[dim]total {time.monotonic() - began:.0f}s[/]")
-    return 1 if any(o.error for o in outcomes) else 0
+    return 1 if canvas_failed or any(o.error for o in outcomes) else 0
 
 
 if __name__ == "__main__":

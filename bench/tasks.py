@@ -1,4 +1,4 @@
-"""The benchmark's celeriac app and its one no-op task.
+"""The benchmark's celeriac app and its tasks: the no-op, the I/O task, and the chord body.
 
 The bench process calls ``make_app(url)`` for a fresh app per run. A worker subprocess
 loads the module-level ``app`` (``celeriac -A tasks worker``), which reads its settings
@@ -27,6 +27,9 @@ from celeriac.tasks import Task
 
 NOOP = "bench.noop"
 IO = "bench.io"
+COLLECT = "bench.collect"
+"""The chord row's body: given the list of the header's results, returns its length (the
+bench checks it is the chord's size)."""
 IO_URL = os.environ.get("BENCH_IO_URL", "redis://127.0.0.1:6379/12")
 """Where the I/O task counts: a Redis database of its own, so the systems' flushes of
 their own databases leave it alone."""
@@ -48,7 +51,8 @@ def io_client() -> Any:
 def make_app(broker_url: str | None = None) -> tuple[Celeriac, Task[[], None]]:
     """An app with the no-op task: on ``broker_url`` with results beside it (default
     settings otherwise), or, without a URL, on the ``CELERIAC_*`` environment. It also
-    has the I/O task (``app.tasks[IO]``): one Redis INCR of ``key``, no result stored."""
+    has the I/O task (``app.tasks[IO]``): one Redis INCR of ``key``, no result stored; and
+    the chord body (``app.tasks[COLLECT]``)."""
     settings = Settings.from_env() if broker_url is None else Settings(broker_url=broker_url)
     app = Celeriac("bench", settings=settings)
 
@@ -59,6 +63,10 @@ def make_app(broker_url: str | None = None) -> tuple[Celeriac, Task[[], None]]:
     @app.task(name=IO, ignore_result=True)
     def io(key: str) -> None:
         io_client().incr(key)
+
+    @app.task(name=COLLECT)
+    def collect(results: list[Any]) -> int:
+        return len(results)
 
     return app, noop
 

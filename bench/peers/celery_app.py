@@ -1,4 +1,5 @@
-"""Celery's side of the bench: the app, its no-op task, and the worker's ready signal.
+"""Celery's side of the bench: the app, its tasks (no-op, I/O, chord body), and the
+worker's ready signal.
 
 The worker is ``celery -A celery_app worker --pool prefork -c 2 -l warning`` run with
 ``bench/.venv-celery``'s python and this directory on ``PYTHONPATH``; the driver
@@ -17,6 +18,8 @@ from celery import Celery, signals
 
 URL = os.environ.get("BENCH_CELERY_URL", "redis://127.0.0.1:6379/14")
 NOOP = "bench.noop"
+COLLECT = "bench.collect"
+"""The chord row's body: the list of the header's results in, its length out."""
 
 
 def make_app(url: str = URL) -> tuple[Any, Any]:
@@ -30,6 +33,10 @@ def make_app(url: str = URL) -> tuple[Any, Any]:
     @app.task(name=peerlib.IO, ignore_result=True)
     def io(key: str) -> None:
         peerlib.io_client().incr(key)
+
+    @app.task(name=COLLECT)
+    def collect(results: list[Any]) -> int:
+        return len(results)
 
     return app, noop
 

@@ -5,6 +5,10 @@ are reported: ``group(noop.s() x n).apply_async()`` (Celery's API for sending ma
 tasks at once; it reuses one producer but publishes one message per Redis call), and,
 when kombu has it (>= 5.7), ``Producer.batch()`` around ``apply_async(producer=...)``
 (kombu pipelines the LPUSHes, ``batch`` per round trip).
+
+The canvas rows use Celery's own API and its Redis backend's defaults: ``group(...)
+.apply_async().get()`` and ``chord(header)(body.s()).get()`` (the Redis backend counts a
+chord's finished header tasks itself and the last one sends the body).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import celery_app
 import peerlib
 import redis
-from celery import group
+from celery import chord, group
 
 RESULT_PREFIX = "celery-task-meta-"
 
@@ -97,6 +101,41 @@ class Driver:
         finally:
             app.close()
 
+    def canvas_app(self, timeout: float) -> tuple[Any, Any]:
+        """A fresh app, for the same reason as ``latency``'s (no backlog of the drained
+        tasks' result messages), connected by one untimed round trip."""
+        app, noop = celery_app.make_app()
+        noop.delay().get(timeout=timeout)
+        return app, noop
+
+    def group(self, n: int, timeout: float) -> dict[str, Any]:
+        """Send a group of ``n`` no-ops and wait for every result; timed here."""
+        app, noop = self.canvas_app(timeout)
+        try:
+            t0 = time.perf_counter()
+            values = group(noop.s() for _ in range(n)).apply_async().get(timeout=timeout)
+            seconds = time.perf_counter() - t0
+        finally:
+            app.close()
+        if len(values) != n:
+            raise RuntimeError(f"group of {n}: {len(values)} results")
+        return {"seconds": seconds}
+
+    def chord(self, m: int, timeout: float) -> dict[str, Any]:
+        """A chord of ``m`` no-ops whose body returns the length of the list it gets;
+        timed from sending to the body's result."""
+        app, noop = self.canvas_app(timeout)
+        try:
+            collect = app.tasks[celery_app.COLLECT]
+            t0 = time.perf_counter()
+            value = chord(noop.s() for _ in range(m))(collect.s()).get(timeout=timeout)
+            seconds = time.perf_counter() - t0
+        finally:
+            app.close()
+        if value != m:
+            raise RuntimeError(f"chord of {m}: the body got {value} results")
+        return {"seconds": seconds}
+
     def versions(self) -> dict[str, Any]:
         return {"versions": peerlib.versions("celery", "kombu", "redis")}
 
@@ -109,6 +148,7 @@ def main() -> None:
     try:
         peerlib.serve({"reset": driver.reset, "enqueue": driver.enqueue, "bulk": driver.bulk,
                        "purge": driver.purge, "wait": driver.wait, "latency": driver.latency,
+                       "group": driver.group, "chord": driver.chord,
                        "diag": driver.diag, "versions": driver.versions})
     finally:
         driver.quit()

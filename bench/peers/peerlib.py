@@ -18,11 +18,17 @@ object a line. It sends ``{"cmd": NAME, ...arguments}``; the driver answers with
 - ``latency {"count", "warmup", "timeout"}``: ``count`` sequential calls, each one
   ``delay()`` and a wait for its result, with a fresh client; answers
   ``{"samples": [seconds, ...]}``.
+- ``group {"n", "timeout"}`` (peers with canvas rows only): send a group of ``n`` no-ops
+  with results and wait for all of them, with a fresh client (connected before the
+  clock starts); answers ``{"seconds": s}``, timed in the driver.
+- ``chord {"m", "timeout"}`` (same): a chord of ``m`` no-ops whose body gets the list of
+  their results and returns its length; ``{"seconds": s}`` from sending to the body's
+  result.
 - ``versions``: ``{"versions": {"package": "x.y.z"}}``.
 - ``quit``.
 
-The bench reads the clocks for everything but ``latency`` (each sample is timed where
-the call is made) and the worker's ready time, which the worker module reports with
+The bench reads the clocks for everything but ``latency``, ``group`` and ``chord`` (timed
+where the calls are made) and the worker's ready time, which the worker module reports with
 ``announce_ready()`` on the pipe the bench opened for it (``BENCH_READY_FD``).
 """
 
