@@ -312,10 +312,8 @@ class CeleriacProcess(CeleriacSystem):
         noop, collect = self.noop, self.app.tasks[bench_tasks.COLLECT]
         clock = time.perf_counter
         t0 = clock()
-        # chord(header, body), not Celery's other spelling chord(header)(body): celeriac's
-        # chord.__call__ takes its arguments as the header's partial arguments (at this
-        # commit it raises "this chord has no body"). Both send the same messages.
-        body = chord((noop.s() for _ in range(m)), collect.s()).apply_async()
+        # Celery's spelling, as the Celery side uses.
+        body = chord(noop.s() for _ in range(m))(collect.s())
         header = body.parent
         header_done: list[float] = []
 
