@@ -497,6 +497,7 @@ def test_expired_lease_returns_messages_through_another_heartbeat(
     run(scenario())
 
 
+@pytest.mark.slow  # waits out a delay or a lease: kept out of the fast tier
 def test_live_consumer_keeps_its_messages_past_the_lease(transport: TransportFactory) -> None:
     transport().publish(Q, message(1))
 
@@ -562,6 +563,7 @@ def test_queue_length_counts_ready_messages_only(transport: TransportFactory) ->
 DELAYED = 1.0
 
 
+@pytest.mark.slow  # waits out a delay or a lease: kept out of the fast tier
 def test_purge_removes_ready_and_delayed_of_that_queue_only(transport: TransportFactory
                                                             ) -> None:
     producer = transport()
