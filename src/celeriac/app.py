@@ -491,6 +491,8 @@ class Celeriac:
             time_limit=time_limit, soft_time_limit=soft_time_limit,
             ignore_result=ignore_result,
         )
+        if current is not None:
+            current.add_child(_result.AsyncResult(message.headers["id"], self, name))
         if embed:
             # _build (the hot path of every send) always writes an empty embed: encode
             # the body again here rather than slow it down with a parameter.

@@ -22,6 +22,7 @@
     │   ├── MaxRetriesExceededError ``retry()`` past ``max_retries``
     │   └── ChordError              a chord's header task failed: its body did not run
     ├── ResultTimeout               ``AsyncResult.get()`` timed out (also a TimeoutError)
+    ├── IncompleteStream            ``collect()`` reached a result that is not ready
     └── TaskControl                 control flow raised by tasks, not failures
         ├── Retry                   run again later (``self.retry()``)
         ├── Reject                  refuse the message (dead-letter or requeue)
@@ -131,6 +132,11 @@ class MaxRetriesExceededError(TaskError):
 
 class ResultTimeout(CeleriacError, TimeoutError):
     """``AsyncResult.get()`` waited longer than its timeout."""
+
+
+class IncompleteStream(CeleriacError):
+    """``AsyncResult.collect()`` reached a result that is not ready yet (Celery's name);
+    ``collect(intermediate=True)`` yields what is ready instead."""
 
 
 class TaskControl(CeleriacError):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from . import errors, states
 from .backends.base import ResultMeta
-from .errors import ResultTimeout, TaskFailed, TaskRevoked
+from .errors import IncompleteStream, ResultTimeout, TaskFailed, TaskRevoked
 
 if TYPE_CHECKING:
     from .app import Celeriac
@@ -28,10 +28,8 @@ class AsyncResult(Generic[R]):
         self.id = id
         self.app = app
         self.task_name = task_name
-        self.parent: AsyncResult[Any] | None = None
+        self.parent: AsyncResult[Any] | GroupResult | None = None
         """The result of the task that sent this one, where the caller knows it."""
-        self.children: list[AsyncResult[Any]] = []
-        """Results of tasks this one started, where the caller knows them."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.id}>"
@@ -108,6 +106,47 @@ class AsyncResult(Generic[R]):
     @property
     def queue(self) -> Any:
         return self._extended("queue")
+
+    @property
+    def children(self) -> list[AsyncResult[Any] | GroupResult]:
+        """What the task sent, stored with its result (Celery's): tasks it called, its
+        chain's next step, its callbacks. Empty until it has finished."""
+        meta = self._meta()
+        if meta is None or not meta.children:
+            return []
+        return [result_from_tuple(t, self.app) for t in meta.children]
+
+    def as_tuple(self) -> tuple[Any, Any]:
+        """Celery's serializable form, ``((id, parent), None)``: what ``children``
+        stores and ``result_from_tuple`` reads."""
+        parent = self.parent.as_tuple() if self.parent is not None else None
+        return (self.id, parent), None
+
+    def iterdeps(self, intermediate: bool = False
+                 ) -> Iterator[tuple[AsyncResult[Any] | GroupResult | None,
+                                     AsyncResult[Any] | GroupResult]]:
+        """``(parent, node)`` for this result and every result below it by
+        ``children``, breadth first (Celery's). Raises ``IncompleteStream`` at a result
+        that is not ready, unless ``intermediate``."""
+        queue: list[tuple[Any, AsyncResult[Any] | GroupResult]] = [(None, self)]
+        seen: set[str] = set()
+        while queue:
+            parent, node = queue.pop(0)
+            if node.id in seen:  # a graph, not always a tree; and bounded
+                continue
+            seen.add(node.id)
+            yield parent, node
+            if node.ready():
+                queue.extend((node, child) for child in node.children)
+            elif not intermediate:
+                raise IncompleteStream(f"result {node.id} is not ready")
+
+    def collect(self, intermediate: bool = False, **get_options: Any
+                ) -> Iterator[tuple[AsyncResult[Any] | GroupResult, Any]]:
+        """``(result, value)`` for this result and everything it sent, recursively:
+        the whole workflow a task started (Celery's ``collect``)."""
+        for _, node in self.iterdeps(intermediate=intermediate):
+            yield node, node.get(**get_options)
 
     def _extended(self, key: str) -> Any:
         meta = self._meta()
@@ -264,6 +303,11 @@ class GroupResult:
     def children(self) -> list[AsyncResult[Any]]:
         return self.results
 
+    def as_tuple(self) -> tuple[Any, Any]:
+        """Celery's serializable form, ``((id, parent), [member tuples])``."""
+        parent = self.parent.as_tuple() if self.parent is not None else None
+        return (self.id, parent), [r.as_tuple() for r in self.results]
+
     def __repr__(self) -> str:
         return f"<GroupResult: {self.id} [{', '.join(r.id for r in self.results)}]>"
 
@@ -381,3 +425,24 @@ class GroupResult:
             return None
         ids = meta.result.get("results") or []
         return cls(id, [AsyncResult(str(i), app) for i in ids], app)
+
+
+def result_from_tuple(value: Any, app: Celeriac) -> AsyncResult[Any] | GroupResult:
+    """The result ``as_tuple`` made ``value`` from (Celery's ``result_from_tuple``); a
+    bare id is taken as a task's."""
+    if isinstance(value, str):
+        return AsyncResult(value, app)
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"not a result tuple: {value!r}")
+    head, nodes = value
+    task_id, parent = head if isinstance(head, (list, tuple)) else (head, None)
+    result: AsyncResult[Any] | GroupResult
+    if nodes is not None:
+        # A member that is itself a group is read as one (Celery nests them too).
+        members = [cast(AsyncResult[Any], result_from_tuple(n, app)) for n in nodes]
+        result = GroupResult(str(task_id), members, app)
+    else:
+        result = AsyncResult(str(task_id), app)
+    if parent:
+        result.parent = result_from_tuple(parent, app)
+    return result

@@ -67,6 +67,14 @@ class Request:
     timelimit: tuple[float | None, float | None] = (None, None)
     is_eager: bool = False
     called_directly: bool = True
+    children: list[Any] | None = None
+    """What this call sent, as result tuples: stored with its result (``children``)."""
+
+    def add_child(self, result: Any) -> None:
+        """Record a result this call sent (Celery's ``add_trail``)."""
+        if self.children is None:
+            self.children = []
+        self.children.append(result.as_tuple())
 
     @property
     def name(self) -> str:

@@ -234,3 +234,11 @@ def ledger(results: list[int], chord_no: int) -> int:
     finally:
         client.close()
     return sum(results)
+
+
+@app.task
+def spawn(n: int) -> int:
+    """Sends ``n`` tasks while it runs: its result's ``children``."""
+    for i in range(n):
+        add.delay(i, i)
+    return n

@@ -101,3 +101,52 @@ def test_a_failed_header_task_fails_the_chord_naming_it_and_the_body_does_not_ru
                                          r"ValueError\(bad value\)"):
         r.get(timeout=20)
     assert app.AsyncResult(noted.id).get(timeout=15) == r.id  # link_error ran, once
+
+
+# -- nesting ---------------------------------------------------------------------------------
+def test_a_group_then_a_step_in_a_chain_is_a_chord(app: Celeriac, worker: WorkerProcess
+                                                   ) -> None:
+    r = chain(t.add.s(1, 1), group(t.add.s(10), t.add.s(20)), t.total.s(),
+              t.add.s(1)).apply_async()
+    assert r.get(timeout=20) == 35
+    assert r.parent is not None and r.parent.get(timeout=5) == 34
+    header = r.parent.parent
+    assert isinstance(header, GroupResult) and header.get(timeout=5) == [12, 22]
+
+
+def test_a_chord_in_a_chain_with_chains_in_its_header(app: Celeriac, worker: WorkerProcess
+                                                      ) -> None:
+    workflow = (t.add.s(1, 1)
+                | chord([t.add.s(1) | t.add.s(10), t.add.s(2) | t.add.s(20)], t.total.s())
+                | t.add.s(100))
+    # add(1, 1) = 2; the header chains: (2 + 1) + 10 and (2 + 2) + 20; total 37; + 100.
+    assert workflow.apply_async().get(timeout=20) == 137
+
+
+def test_a_failed_step_fails_the_rest_of_its_chain(app: Celeriac, worker: WorkerProcess
+                                                   ) -> None:
+    r = (t.add.s(1, 1) | t.boom.si("value") | t.add.s(1) | t.add.s(2)).apply_async()
+    with pytest.raises(ValueError, match="bad value"):
+        r.get(timeout=15)  # stored for the steps that never ran: nobody waits forever
+    assert r.parent is not None and r.parent.failed()
+
+
+def test_a_chain_failing_in_a_chord_header_fails_the_chord(app: Celeriac,
+                                                           worker: WorkerProcess) -> None:
+    inner = t.add.s(1)
+    r = chord([t.add.s(1, 1) | t.boom.si("value") | inner, t.add.s(2, 2)],
+              t.total.s()).apply_async()
+    with pytest.raises(ChordError, match=r"raised FAILURE: ValueError\(bad value\)"):
+        r.get(timeout=20)
+
+
+def test_children_and_collect_walk_what_a_task_sent(app: Celeriac, worker: WorkerProcess
+                                                    ) -> None:
+    r = t.spawn.delay(3)
+    assert r.get(timeout=15) == 3
+    children = r.children
+    assert [c.get(timeout=15) for c in children] == [0, 2, 4]
+    assert [value for _, value in r.collect(timeout=15)] == [3, 0, 2, 4]
+    c = (t.add.s(1, 1) | t.add.s(2)).apply_async()
+    assert c.get(timeout=15) == 4
+    assert c.parent is not None and c.parent.children == [c]  # the chain's next step

@@ -82,6 +82,13 @@ def test_callbacks_get_the_result_and_errbacks_the_failure(
     ({"chord": sig("tests.integration.app_tasks.add", 1)}, "chord"),
     ({"chain": {"task": "not a list"}}, "must be a list of signatures"),
     ({"callbacks": [{"no": "task"}]}, "is not a signature"),
+    ({"chain": [{"task": "celery.chord", "subtask_type": "chord", "kwargs": {
+        "header": []}}]}, "a chord signature without its body"),
+    ({"chain": [{"task": "celery.chord", "subtask_type": "chord", "kwargs": {
+        "body": sig("tests.integration.app_tasks.total")}}]},
+     "a chord signature without its header"),
+    ({"chain": [{"task": "celery.group", "subtask_type": "group", "kwargs": {}}]},
+     "a group signature without its tasks"),
 ])
 def test_what_the_worker_cannot_carry_out_in_full_is_refused_not_half_run(
         app: Celeriac, worker: WorkerProcess, embed: dict[str, Any], reason: str) -> None:

@@ -393,8 +393,8 @@ def test_a_chord_sends_its_header_with_the_body_in_each_embed(app: Celeriac,
     assert saved is not None and [r.id for r in saved.results] == [
         m.headers["id"] for m in messages]
     assert isinstance(group(add.s(1, 1)) | mul.s(2), chord)
-    with pytest.raises(NotImplementedError, match="a group followed by another step"):
-        chain(add.s(1, 1), group(add.s(1, 1)), mul.s(2)).apply_async()
+    with pytest.raises(NotImplementedError, match="a group followed by another group"):
+        chain(add.s(1, 1), group(add.s(1, 1)), group(mul.s(2))).apply_async()
     with pytest.raises(TypeError, match="cannot link a group"):
         group(add.s(1, 1)).apply_async(link=mul.s(2))
     e_add, e_mul, _ = tasks(eager)
@@ -441,3 +441,77 @@ def test_signatures_of_shared_tasks(eager: Celeriac) -> None:
         assert chunks(proxy, [(1,), (2,)], 1).apply().get() == [[3], [6]]
     finally:  # shared tasks join every app made later: not other tests' apps
         _state._shared[:] = [(fn, o) for fn, o in _state._shared if fn is not triple]
+
+
+# -- nesting ---------------------------------------------------------------------------------
+def test_a_group_then_a_step_in_a_chain_travels_as_a_chord_step(app: Celeriac) -> None:
+    add, mul, double = tasks(app)
+    result = chain(add.s(1, 1), group(add.s(10), add.s(20)), mul.s(3), double.s()).apply_async()
+    [first] = fetch_all(app)
+    assert first.headers["task"] == add.name
+    steps = body(first)[2]["chain"]  # Celery's order: last step first
+    assert [s["subtask_type"] for s in steps] == [None, "chord"]
+    step = steps[1]
+    assert [t["task"] for t in step["kwargs"]["header"]["kwargs"]["tasks"]] == [add.name] * 2
+    chord_body = step["kwargs"]["body"]
+    assert chord_body["task"] == mul.name
+    # The chain's last result is double's, whose parent is the chord's body.
+    assert result.id == steps[0]["options"]["task_id"]
+    assert result.parent is not None and result.parent.id == chord_body["options"]["task_id"]
+    group_id = step["kwargs"]["header"]["options"]["task_id"]
+    assert isinstance(result.parent.parent, GroupResult)
+    assert result.parent.parent.id == group_id
+
+
+def test_a_chord_first_in_a_chain_carries_the_rest_on_its_body(app: Celeriac) -> None:
+    add, mul, double = tasks(app)
+    result = (group(add.s(1, 1), add.s(2, 2)) | mul.s(2) | double.s()).apply_async()
+    messages = fetch_all(app)
+    assert [m.headers["task"] for m in messages] == [add.name, add.name]
+    carried = body(messages[0])[2]["chord"]
+    assert carried["task"] == mul.name
+    [rest] = carried["options"]["chain"]
+    assert (rest["task"], rest["options"]["task_id"]) == (double.name, result.id)
+
+
+def test_chains_in_a_chord_header_carry_the_chord_on_their_last_step(app: Celeriac) -> None:
+    add, mul, double = tasks(app)
+    result = chord([add.s(1, 1) | double.s(), add.s(2, 2) | double.s()], mul.s(1)).apply_async()
+    messages = fetch_all(app)
+    assert [m.headers["task"] for m in messages] == [add.name, add.name]
+    for m in messages:
+        _, _, embed = body(m)
+        assert "chord" not in embed or not embed["chord"]  # the first step is not counted
+        [last] = embed["chain"]
+        assert last["task"] == double.name
+        assert last["options"]["chord"]["options"]["task_id"] == result.id
+        assert m.headers["group"] is None  # the first step is no member of the chord
+        assert last["options"]["group_id"] == result.parent.id
+    saved = GroupResult.restore(result.parent.id, app=app)
+    assert saved is not None
+    # The chord waits for each chain's last step.
+    assert [r.id for r in saved.results] == [
+        body(m)[2]["chain"][0]["options"]["task_id"] for m in messages]
+
+
+def test_nested_canvases_run_eagerly(eager: Celeriac) -> None:
+    add, mul, double = tasks(eager)
+    assert chain(add.s(1, 1), group(add.s(10), add.s(20)), mul.s(3)).apply().get() == [
+        12, 22, 12, 22, 12, 22]
+    assert (group(add.s(1, 1), add.s(2, 2)) | mul.s(2) | double.s()).apply().get() == [
+        2, 4, 2, 4, 2, 4, 2, 4]
+    assert chord([add.s(1, 1) | double.s(), add.s(2, 2) | double.s()],
+                 mul.s(1)).apply().get() == [4, 8]
+
+
+def test_result_tuples_round_trip(app: Celeriac) -> None:
+    from celeriac.result import AsyncResult, result_from_tuple
+
+    child = AsyncResult("c1", app)
+    child.parent = AsyncResult("p1", app)
+    grp = GroupResult("g1", [AsyncResult("m1", app), AsyncResult("m2", app)], app)
+    wire = json.loads(json.dumps([child.as_tuple(), grp.as_tuple()]))
+    assert wire[0] == [["c1", [["p1", None], None]], None]  # Celery's shape
+    back = [result_from_tuple(t, app) for t in wire]
+    assert back[0].id == "c1" and back[0].parent is not None and back[0].parent.id == "p1"
+    assert isinstance(back[1], GroupResult) and [r.id for r in back[1]] == ["m1", "m2"]

@@ -39,6 +39,9 @@ class ResultMeta:
     extended: dict[str, Any] | None = None
     """With ``result_extended``: the task's ``name``, ``args``, ``kwargs``, ``worker``
     and ``queue``, as Celery stores them."""
+    children: list[Any] | None = None
+    """What the task sent (its chain's next step, callbacks, tasks it called) as
+    Celery's result tuples (``AsyncResult.as_tuple``)."""
 
     @property
     def ready(self) -> bool:
@@ -164,8 +167,10 @@ class ResultBackend(abc.ABC):
         if not isinstance(meta, dict) or "status" not in meta:
             raise DecodeError(f"stored result for {task_id} is malformed")
         extended = {k: meta[k] for k in EXTENDED if k in meta} if "name" in meta else None
+        children = meta.get("children")
         return ResultMeta(task_id, meta["status"], meta.get("result"), meta.get("traceback"),
-                          meta.get("date_done"), int(meta.get("retries") or 0), extended)
+                          meta.get("date_done"), int(meta.get("retries") or 0), extended,
+                          children if isinstance(children, list) and children else None)
 
     def wait_for(self, task_ids: Iterable[str], timeout: float | None,
                  on_ready: Callable[[ResultMeta], None] | None = None) -> dict[str, ResultMeta]:

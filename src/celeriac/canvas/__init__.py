@@ -23,8 +23,8 @@ here (never before this package: ``app.py`` imports ``register_builtins`` from h
 
 from ..builtins import chunks, register_builtins, xmap, xstarmap
 from ..result import GroupResult
-from .signature import CHORDS_UNAVAILABLE, Signature, maybe_signature, signature
+from .signature import Signature, maybe_signature, signature
 from .workflows import chain, chord, group
 
-__all__ = ["CHORDS_UNAVAILABLE", "GroupResult", "Signature", "chain", "chord", "chunks",
+__all__ = ["GroupResult", "Signature", "chain", "chord", "chunks",
            "group", "maybe_signature", "register_builtins", "signature", "xmap", "xstarmap"]

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 Result = AsyncResult[Any] | GroupResult
 """What applying a canvas returns: a group's is a ``GroupResult``."""
-CHORDS_UNAVAILABLE = "chords are not available yet"
 KEYS = ("task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size")
 """A signature dict's keys, as Celery writes them."""
 

@@ -1,4 +1,4 @@
-"""``chain`` and ``group`` (and ``chord``, which is not available yet)."""
+"""``chain``, ``group`` and ``chord``, and how they nest."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from ..protocol import new_id
 from ..result import AsyncResult, GroupResult
 from .signature import (
-    CHORDS_UNAVAILABLE,
     Result,
     Signature,
     _as_list,
@@ -81,12 +80,18 @@ class chain(Signature):
             raise ValueError("cannot apply an empty chain")
         if args or kwargs or self.args:
             steps[0] = steps[0].clone((*(args or ()), *self.args), kwargs)
-        for step in steps[:-1]:
-            if isinstance(step, group):
-                raise NotImplementedError("a group followed by another step inside a "
-                                          "chain (a chord in Celery) is not available "
-                                          "yet: send chord(group, body) on its own")
-        return steps
+        # A group followed by a step is a chord whose body is that step (Celery's
+        # upgrade): the step waits for all the members and gets the list of results.
+        upgraded: list[Signature] = []
+        for step in steps:
+            if upgraded and isinstance(upgraded[-1], group):
+                if isinstance(step, group):
+                    raise NotImplementedError("a group followed by another group in a "
+                                              "chain is not supported: put a task between")
+                upgraded[-1] = chord(upgraded[-1], step, app=self._app)
+            else:
+                upgraded.append(step)
+        return upgraded
 
     def _freeze_steps(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
                       options: dict[str, Any]) -> tuple[list[Signature], list[Result]]:
@@ -97,6 +102,7 @@ class chain(Signature):
         steps = self._steps(args, kwargs)
         last_id = options.pop("task_id", None)
         group_id, group_index = options.pop("group_id", None), options.pop("group_index", None)
+        chord_body = options.pop("chord", None)
         links, errbacks = options.pop("link", None), options.pop("link_error", None)
         first = steps[0].freeze(last_id if len(steps) == 1 else None,
                                 root_id=options.get("root_id"),
@@ -110,10 +116,22 @@ class chain(Signature):
             last = i == len(steps) - 1
             res = step.freeze(last_id if last else None, root_id=root,
                               parent_id=steps[i - 1].id)
-            res.parent = results[-1]  # type: ignore[assignment]  # never a group: no chords
+            # A chord's body result already leads to its header: the step before goes
+            # above the header.
+            top: Any = res
+            while top.parent is not None:
+                top = top.parent
+            top.parent = results[-1]
             results.append(res)
-        if group_id is not None:
+        if group_id is not None or chord_body is not None:
+            # A chain in a group or a chord's header: its last step is the member the
+            # group waits for and the one counted in the chord (as Celery).
+            if isinstance(steps[-1], (group, chord)):
+                raise NotImplementedError("a chain that ends in a group or a chord cannot "
+                                          "be a group member or a chord header task")
             steps[-1].set(group_id=group_id, group_index=group_index)
+            if chord_body is not None:
+                steps[-1].set(chord=chord_body)
         for callback in _as_list(links):
             steps[-1].link(callback)
         for errback in _as_list(errbacks):
@@ -127,9 +145,9 @@ class chain(Signature):
         step's result."""
         opts = {**self.options, **options}
         steps, results = self._freeze_steps(args, kwargs, opts)
-        if isinstance(steps[0], group):
-            raise NotImplementedError("a chain that starts with a group cannot be a group "
-                                      "member or callback: apply it on its own")
+        if isinstance(steps[0], (group, chord)):
+            raise NotImplementedError("a chain that starts with a group or a chord cannot "
+                                      "be a group member: apply it on its own")
         # Celery's wire format: remaining steps last-first, the worker pops the next off
         # the end; a chain already in the options (this chain sent as a step) runs after.
         rest = [plain(s) for s in reversed(steps[1:])]
@@ -148,7 +166,16 @@ class chain(Signature):
         retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
         steps = self._steps(None, None)
         if len(steps) == 1 and isinstance(steps[0], group):
-            return steps[0].apply_async(args, kwargs, **opts)
+            return steps[0].apply_async(args, kwargs, retry=retry, retry_policy=policy,
+                                        **opts)
+        if isinstance(steps[0], chord):
+            # A chord has no one message to carry the chain: the rest of the chain rides
+            # on its body (as Celery), which the header's last task sends.
+            frozen, results = self._freeze_steps(args, kwargs, opts)
+            rest = [plain(s) for s in reversed(frozen[1:])]
+            frozen[0].apply_async(chain=rest or None, retry=retry, retry_policy=policy,
+                                  **opts)
+            return results[-1]
         item, result = self._outgoing(args, kwargs, opts)
         self.app.publish_prepared([item], retry=retry, retry_policy=policy)
         return result
@@ -159,7 +186,7 @@ class chain(Signature):
         last: Result | None = None
         for step in self._steps(args, kwargs):
             res = step.apply((last.get(),) if last is not None else None)
-            res.parent = last  # type: ignore[assignment]  # never a group: no chords
+            res.parent = last
             last = res
         assert last is not None  # _steps refuses an empty chain
         return last
@@ -224,8 +251,8 @@ class group(Signature):
         the group id in its ``group`` header and its place in ``group_index``."""
         options = {k: v for k, v in options.items() if v is not None}
         if "link" in options or "link_error" in options:
-            raise TypeError("cannot link a group: link its members (a callback after "
-                            f"the whole group is a chord, and {CHORDS_UNAVAILABLE})")
+            raise TypeError("cannot link a group: link its members, or make the callback "
+                            "a chord's body (group(...) | callback)")
         if self.app.settings.task_always_eager:
             return self.apply(args, kwargs, **options)
         opts = {**self.options, **options}
@@ -284,10 +311,11 @@ class chord(Signature):
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
         kw = d.get("kwargs") or {}
-        header = kw.get("header") or {}
-        tasks = header.get("kwargs", {}).get("tasks", []) if isinstance(header, Mapping) \
-            else header
-        return cls(list(tasks), kw.get("body"), app=app, **(d.get("options") or {}))
+        header = kw.get("header") or []
+        # The header's own options hold the group id a frozen chord was given.
+        members = group.from_dict(header, app) if isinstance(header, Mapping) \
+            else list(header)
+        return cls(members, kw.get("body"), app=app, **(d.get("options") or {}))
 
     @property
     def header(self) -> group:
@@ -326,12 +354,12 @@ class chord(Signature):
         results: list[AsyncResult[Any]] = []
         items = []
         for index, member in enumerate(members):
-            if isinstance(member, (chain, chord)):
-                raise NotImplementedError("a chord's header holds tasks; chains and chords "
-                                          "in a header are not available yet")
+            if isinstance(member, chord):
+                raise NotImplementedError("a chord in a chord's header is not supported: "
+                                          "make it a chain's last step or its own chord")
             item, res = member._outgoing(args, kwargs, {
                 **opts, "group_id": group_id, "group_index": index, "chord": carried})
-            results.append(res)  # type: ignore[arg-type]  # members are plain tasks
+            results.append(res)  # type: ignore[arg-type]  # a chain's is its last step's
             items.append(item)
         header_result = GroupResult(group_id, results, self.app)
         # Saved before any header task can finish: the worker that completes the chord
@@ -339,7 +367,17 @@ class chord(Signature):
         header_result.save()
         self.app.publish_prepared(items, chunk_size=GROUP_CHUNK, retry=retry,
                                   retry_policy=policy)
-        body_result.parent = header_result  # type: ignore[assignment]
+        body_result.parent = header_result
+        return body_result
+
+    def freeze(self, task_id: str | None = None,
+               **options: Any) -> AsyncResult[Any]:
+        """Assign the body's id, the group id and the header tasks' ids now; returns the
+        body's result, whose ``parent`` is the header's ``GroupResult``."""
+        lineage = {"root_id": options.get("root_id"), "parent_id": options.get("parent_id")}
+        body_result = self.body.freeze(task_id, **lineage)
+        header_result = self.header.freeze(**lineage)
+        body_result.parent = header_result
         return body_result
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
@@ -348,7 +386,7 @@ class chord(Signature):
         header = self.header.apply(args, kwargs)
         values = header.get(propagate=True)
         result = self.body.apply((values,))
-        result.parent = header  # type: ignore[assignment]
+        result.parent = header
         return result
 
     def __call__(self, body: Mapping[str, Any] | None = None, **options: Any) -> Any:

@@ -186,14 +186,23 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
     failed = isinstance(retval, BaseException)
     tb = "".join(traceback.format_exception(retval)) if failed and (
         backend is not None or task_events) else None
+    # Follow-ups go first: what they send is stored with the result (``children``).
+    followed = embed is None or _follow_up(app, request, state, retval, tb, embed)
     if backend is not None and state is not None:
         extended = {"name": task.name, "args": args, "kwargs": kwargs, "worker": hostname,
                     "queue": queue} if app.settings.result_extended else None
+        if request.children:
+            extended = {**(extended or {}), "children": request.children}
         stored = backend.encode(task_id, state, retval, traceback=tb, retries=request.retries,
                                 extended=extended)
     if task_events and state is not None:
         shown = (exception_repr(retval), tb) if failed else (result_repr(retval), None)
-    if embed is not None and embed.get("chord") and state in _CHORD_ENDS:
+    if not followed:
+        # Acknowledging would lose the rest of the workflow: the message goes back and the
+        # task runs again (at least once), until task_max_deliveries dead-letters it.
+        action, reason = "requeue", "could not send its chain, link or link_error"
+        stored = None
+    elif embed is not None and embed.get("chord") and state in _CHORD_ENDS:
         # A header task's result must be stored before it is counted: the count that
         # completes the chord reads every header result.
         part = stored or app.backend.encode(task_id, state, retval, traceback=tb,
@@ -205,11 +214,6 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
             logger.exception("Task %s[%s]: could not count its part of chord %s",
                              task.name, task_id, request.group)
             action, reason, stored = "requeue", "could not count its chord part", None
-    if embed is not None and not _follow_up(app, request, state, retval, tb, embed):
-        # Acknowledging would lose the rest of the workflow: the message goes back and the
-        # task runs again (at least once), until task_max_deliveries dead-letters it.
-        action, reason = "requeue", "could not send its chain, link or link_error"
-        stored = None
     if task.has_handlers:
         task.call_handlers(request, state, retval)
     if hooks:
@@ -261,7 +265,7 @@ def exception_repr(exc: BaseException) -> str:
 
 _REQUEST_FIELDS = ("id", "task", "args", "kwargs", "retries", "eta", "expires", "root_id",
                    "parent_id", "group", "hostname", "delivery_info", "headers", "timelimit",
-                   "is_eager", "called_directly")
+                   "is_eager", "called_directly", "children")
 if tuple(f.name for f in fields(Request)) != _REQUEST_FIELDS:  # pragma: no cover
     raise ImportError("celeriac.tasks.Request changed its fields: update execute_message")
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celeriac.worker.followups")
 
-SUPPORTED_TYPES = (None, "chain", "group")
+SUPPORTED_TYPES = (None, "chain", "group", "chord")
 
 
 def check_embed(embed: Mapping[str, Any], group_id: Any) -> None:
@@ -77,22 +77,41 @@ def _check_signature(where: str, sig: Any) -> None:
             raise DecodeError(f"embed {where!r}: a {kind} signature without its tasks")
         for member in members:
             _check_signature(where, member)
+    elif kind == "chord":
+        kwargs = sig.get("kwargs") or {}
+        header, body = kwargs.get("header"), kwargs.get("body")
+        if not isinstance(body, dict):
+            raise DecodeError(f"embed {where!r}: a chord signature without its body")
+        _check_signature(where, body)
+        if isinstance(header, dict):
+            _check_signature(where, header)
+        elif isinstance(header, list):
+            for member in header:
+                _check_signature(where, member)
+        else:
+            raise DecodeError(f"embed {where!r}: a chord signature without its header")
 
 
 def on_success(app: Celeriac, request: Request, retval: Any, embed: Mapping[str, Any]
                ) -> None:
     chain = embed.get("chain")
     lineage = _lineage(request)
+    sent: list[Any] = []
     if chain:
         rest, step = list(chain[:-1]), chain[-1]
-        send(app, step, (retval,), lineage, chain=rest)
+        sent += send(app, step, (retval,), lineage, chain=rest)
     for callback in embed.get("callbacks") or ():
-        send(app, callback, (retval,), lineage)
+        sent += send(app, callback, (retval,), lineage)
+    # Stored with this task's result (``AsyncResult.children``), as Celery does.
+    request.children = [*(request.children or ()), *sent]
 
 
 def on_failure(app: Celeriac, request: Request, exc: BaseException, traceback: str | None,
                embed: Mapping[str, Any]) -> None:
     lineage = _lineage(request)
+    # The rest of the chain will never run: its results say so (as Celery marks them),
+    # so a caller waiting on the chain's last result is not left waiting forever.
+    _fail_steps(app, embed.get("chain") or (), exc, lineage)
     for errback in embed.get("errbacks") or ():
         task = app.tasks.get(errback["task"])
         if task is not None and _takes_request(task):
@@ -158,10 +177,46 @@ def claimed(app: Celeriac, task_id: str, claim: str) -> bool:
 def _fail(app: Celeriac, body: Mapping[str, Any], body_id: str | None,
           lineage: Mapping[str, Any], reason: str) -> None:
     logger.error("chord body %s[%s] not run: %s", body["task"], body_id, reason)
+    error = ChordError(reason)
     if body_id:
-        app.backend.store(body_id, states.FAILURE, ChordError(reason))
+        app.backend.store(body_id, states.FAILURE, error)
         for errback in (body.get("options") or {}).get("link_error") or ():
             send(app, errback, (body_id,), lineage)
+    _fail_steps(app, (body.get("options") or {}).get("chain") or (), error, lineage)
+
+
+def _fail_steps(app: Celeriac, sigs: Sequence[Mapping[str, Any]], exc: BaseException,
+                lineage: Mapping[str, Any]) -> None:
+    """Store ``exc`` as the outcome of steps that will not run, and of what they hold,
+    in one write (a reader sees all of them failed or none); a chord header task among
+    them is then counted, so its chord ends (with ``ChordError``)."""
+    parts: list[Stored] = []
+    chords: list[tuple[str, str, Mapping[str, Any]]] = []
+    pending = list(sigs)
+    while pending:  # bounded: a message's embed is finite and acyclic (JSON)
+        sig = pending.pop()
+        kind = sig.get("subtask_type")
+        kwargs = sig.get("kwargs") or {}
+        if kind in ("group", "chain"):
+            pending.extend(kwargs.get("tasks") or ())
+            continue
+        if kind == "chord":
+            pending.append(kwargs["body"])
+            continue
+        options = sig.get("options") or {}
+        pending.extend(options.get("chain") or ())
+        task_id = options.get("task_id")
+        if not task_id:
+            continue  # never given an id: nobody can be waiting for it
+        parts.append(app.backend.encode(task_id, states.FAILURE, exc))
+        body, group_id = options.get("chord"), options.get("group_id")
+        if body and group_id:
+            chords.append((group_id, task_id, body))
+    if parts:
+        app.backend.store_many(parts)
+    for group_id, task_id, body in chords:
+        if app.backend.chord_part(group_id, task_id, int(body["chord_size"])):
+            _fire(app, group_id, body, lineage)
 
 
 def _exception_text(data: Any) -> str:
@@ -188,18 +243,27 @@ def _lineage(request: Request) -> dict[str, Any]:
 
 
 def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
-         lineage: Mapping[str, Any], chain: list[Any] | None = None) -> None:
-    """Publish ``sig`` with ``prefix`` before its own args (unless immutable)."""
+         lineage: Mapping[str, Any], chain: list[Any] | None = None) -> list[Any]:
+    """Publish ``sig`` with ``prefix`` before its own args (unless immutable); returns
+    what was sent as result tuples (``AsyncResult.as_tuple``)."""
     kind = sig.get("subtask_type")
     if kind == "group":
-        for member in sig["kwargs"]["tasks"]:
-            send(app, member, prefix, lineage)
-        return
+        members = [t for m in sig["kwargs"]["tasks"] for t in send(app, m, prefix, lineage)]
+        group_id = (sig.get("options") or {}).get("task_id")
+        return [((group_id, None), members)] if group_id else members
     if kind == "chain":
         steps = list(sig["kwargs"]["tasks"])
         rest = list(reversed(steps[1:])) + list(chain or [])
-        send(app, steps[0], prefix, lineage, chain=rest)
-        return
+        return send(app, steps[0], prefix, lineage, chain=rest)
+    if kind == "chord":
+        # The header gets the previous result, the body the rest of the chain (Celery's
+        # chord.run); the chord keeps the ids it was frozen with.
+        from ..canvas import Signature
+
+        workflow = Signature.from_dict(sig, app)
+        body_result = workflow.apply_async(tuple(prefix), chain=chain or None, **lineage)
+        header = body_result.parent
+        return [header.as_tuple()] if header is not None else []
     options = dict(sig.get("options") or {})
     chain = chain or options.pop("chain", None)
     args = list(sig.get("args") or ())
@@ -208,9 +272,10 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
     kwargs = dict(sig.get("kwargs") or {})
     embed = {"callbacks": options.pop("link", None) or None,
              "errbacks": options.pop("link_error", None) or None,
-             "chain": chain or None, "chord": None}
+             "chain": chain or None, "chord": options.pop("chord", None)}
     queue, message, delay = _message(app, sig["task"], args, kwargs, embed, options, lineage)
     app.publisher.publish(queue, message, delay=delay)
+    return [((message.headers["id"], None), None)]
 
 
 def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
@@ -231,7 +296,12 @@ def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
     headers = task_headers(
         task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
         expires=expires_at, root_id=lineage["root_id"], parent_id=lineage["parent_id"],
-        group=options.get("group_id"), extra=dict(options.get("headers") or {}) or None)
+        group=options.get("group_id"), time_limit=options.get("time_limit"),
+        soft_time_limit=options.get("soft_time_limit"),
+        ignore_result=bool(options.get("ignore_result")),
+        extra=dict(options.get("headers") or {}) or None)
+    if options.get("group_index") is not None:
+        headers["group_index"] = options["group_index"]
     priority = options.get("priority")
     if priority is None:
         priority = app.settings.task_default_priority
