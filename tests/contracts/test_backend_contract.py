@@ -434,6 +434,20 @@ def test_chord_part_of_size_one_and_without_expiry(chords: BackendFactory) -> No
     assert b.chord_part("pair", "y", 2) is True
 
 
+def test_store_part_stores_the_result_then_counts_it(chords: BackendFactory) -> None:
+    b, other = chords(), chords()
+    parts = [b.encode(f"h-{i}", states.SUCCESS, i) for i in range(3)]
+    assert b.store_part(parts[0], "g", 3) is False
+    assert other.store_part(parts[1], "g", 3) is False
+    assert b.store_part(parts[1], "g", 3) is False  # its re-run: counted once
+    assert other.store_part(parts[2], "g", 3) is True
+    assert other.store_part(parts[2], "g", 3) is True  # the completing task, run again
+    # What the completing call reads next: every header result, in order.
+    got = other.get_many([f"h-{i}" for i in range(3)])
+    assert [got[f"h-{i}"].result for i in range(3)] == [0, 1, 2]
+    assert b.wait_for(["h-0", "h-1", "h-2"], 1.0).keys() == {"h-0", "h-1", "h-2"}
+
+
 def test_chords_are_independent(chords: BackendFactory) -> None:
     b = chords()
     # The same task ids in both: a part is counted per chord.

@@ -122,6 +122,13 @@ class ResultBackend(abc.ABC):
         never lost). Every other call gets False. The chord's parts and flag expire with
         ``result_expires``."""
 
+    def store_part(self, part: Stored, group_id: str, size: int) -> bool:
+        """Store chord header task ``part``'s result, then count it (``chord_part``):
+        stored first, so the count that completes the chord finds every header result.
+        A backend that can do both in one round trip does (Redis: one script)."""
+        self.store_many([part])
+        return self.chord_part(group_id, part.task_id, size)
+
     def close(self) -> None:
         """Release connections held by this process."""
 

@@ -21,7 +21,8 @@ past its cursor (a stream id packed into an int), and ``_wait`` blocks in Redis 
 XREAD BLOCK from the calling thread's last cursor: a store made between a reader's check
 and its sleep is already in the stream, so it wakes the sleeper at once. Nothing polls.
 
-``chord_part`` is one Lua script (``CHORD_PART``): Redis runs a script without
+``chord_part`` is one Lua script (``CHORD_PART``; ``STORE_PART`` stores the header task's
+result first, in the same round trip): Redis runs a script without
 interleaving any other command, so adding the part, counting and setting the fired flag
 (SET NX, whose reply says whether this call set it) is atomic across every client.
 """
@@ -50,25 +51,43 @@ _MAX_BLOCK = 1.0
 """Longest XREAD BLOCK (s); base.wait_for never asks for more."""
 
 
-CHORD_PART = """
--- KEYS: parts set, fired flag; ARGV: task id, chord size, expiry in ms (0: none).
+_COUNT = """
 -- Returns 1 to the call that counted the chord full and set the flag to its task id, and
 -- to a later call by that same task (it ran again), else 0.
-redis.call('SADD', KEYS[1], ARGV[1])
-local fired = 0
-if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  if redis.call('SET', KEYS[2], ARGV[1], 'NX') then
-    fired = 1
-  elseif redis.call('GET', KEYS[2]) == ARGV[1] then
-    fired = 1
+local function count(parts, flag, task_id, size, ttl)
+  redis.call('SADD', parts, task_id)
+  local fired = 0
+  if redis.call('SCARD', parts) >= size then
+    if redis.call('SET', flag, task_id, 'NX') then
+      fired = 1
+    elseif redis.call('GET', flag) == task_id then
+      fired = 1
+    end
   end
+  if ttl > 0 then
+    redis.call('PEXPIRE', parts, ttl)
+    redis.call('PEXPIRE', flag, ttl)
+  end
+  return fired
 end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
+"""
+CHORD_PART = _COUNT + """
+-- KEYS: parts set, fired flag; ARGV: task id, chord size, expiry in ms (0: none).
+return count(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+"""
+STORE_PART = _COUNT + """
+-- KEYS: result, expiring set, change feed, parts set, fired flag; ARGV: task id, value,
+-- its expiry in ms (0: none) and unix time, chord size, chord expiry in ms, feed length.
+-- As store_many then chord_part, in one round trip: the result is written first.
+if tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[2], ARGV[1])
 end
-return fired
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 't', ARGV[1])
+return count(KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6]))
 """
 
 
@@ -186,6 +205,22 @@ class RedisBackend(ResultBackend):
                           args=[task_id, size, ttl])
 
         return int(self.conn.call(part)) == 1
+
+    def store_part(self, part: Stored, group_id: str, size: int) -> bool:
+        expires = self.settings.result_expires
+        ttl = max(1, math.ceil(expires * 1000)) if expires else 0
+        task_id, content_type, data, expires_at = part
+
+        def store_and_count(client: redis.Redis, ns: str) -> Any:
+            now = time.time()
+            px = expiry_ms(expires_at, now) if expires_at is not None else 0
+            script = client.register_script(STORE_PART)
+            return script(keys=[f"{ns}:r:{task_id}", f"{ns}:expiring", f"{ns}:changes",
+                                f"{ns}:chord:{group_id}:parts", f"{ns}:chord:{group_id}:fired"],
+                          args=[task_id, encode_value(content_type, data), px,
+                                expires_at or 0, size, ttl, FEED_LENGTH])
+
+        return int(self.conn.call(store_and_count)) == 1
 
     # -- maintenance ----------------------------------------------------------------------
     def forget(self, task_id: str) -> None:

@@ -128,10 +128,9 @@ def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str,
                ) -> None:
     """Store this header task's result, count it, and if that completed the chord, send
     the body (or store its ``ChordError``)."""
-    app.backend.store_many([part])
     group_id = request.group
     assert group_id is not None  # check_embed refuses a chord without one
-    if app.backend.chord_part(group_id, request.id, int(body["chord_size"])):
+    if app.backend.store_part(part, group_id, int(body["chord_size"])):
         logger.info("Task %s[%s] completed chord %s: sending its body %s", request.task,
                     request.id, group_id, body["task"])
         _fire(app, group_id, body, _lineage(request))
@@ -214,6 +213,8 @@ def _fail_steps(app: Celeriac, sigs: Sequence[Mapping[str, Any]], exc: BaseExcep
             chords.append((group_id, task_id, body))
     if parts:
         app.backend.store_many(parts)
+    # Counted after every result is stored (store_many above): a count that completes a
+    # chord reads them all.
     for group_id, task_id, body in chords:
         if app.backend.chord_part(group_id, task_id, int(body["chord_size"])):
             _fire(app, group_id, body, lineage)
