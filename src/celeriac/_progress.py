@@ -93,14 +93,21 @@ class ProgressReporter:
         """Reports handed to ``send`` (tests and debugging)."""
 
     def begin(self, task_id: str) -> None:
-        with self._lock:
-            self._last[task_id] = float("-inf")
+        # No lock: one dict store is atomic, and nobody reports for a task not yet
+        # registered. (begin and end run for every task while task events are on.)
+        self._last[task_id] = float("-inf")
         RUNNING[task_id] = self
 
     def end(self, task_id: str) -> None:
         """The task ended: send the report that waits, if any, and forget the task."""
         if RUNNING.get(task_id) is self:
             del RUNNING[task_id]
+        if self._flusher is None and not self._pending:
+            # Nothing waits and no flusher is sending: the common case, without the lock.
+            # (A report racing this from a thread of the task is dropped by the flusher,
+            # or arrives after the outcome, where monitors ignore it.)
+            self._last.pop(task_id, None)
+            return
         with self._lock:
             self._last.pop(task_id, None)
             pending = self._pending.pop(task_id, None)
@@ -139,8 +146,12 @@ class ProgressReporter:
         with self._lock:
             while self._pending:
                 now = time.monotonic()
+                for gone in [t for t in self._pending if t not in self._last]:
+                    del self._pending[gone]  # ended meanwhile (see ``end``)
                 due = [t for t in self._pending if self._last[t] + self.interval <= now]
                 if not due:
+                    if not self._pending:
+                        break
                     first = min(self._last[t] for t in self._pending) + self.interval
                     self._wake.wait(first - now)  # at most ``interval``
                     continue
