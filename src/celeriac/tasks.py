@@ -393,7 +393,12 @@ class Task(Generic[P, R]):
                      meta: Any = None, **kwargs: Any) -> None:
         """Store a state for a task (by default the running one) before it ends, e.g.
         ``self.update_state(state="PROGRESS", meta={"done": 40, "total": 100})``; callers
-        read it as ``AsyncResult.state`` and ``.info``. Any state name may be used."""
+        read it as ``AsyncResult.state`` and ``.info``. Any state name may be used.
+
+        With task events on (``-E``), a call for a task that runs in this executor (the
+        running task, or another id it runs) also sends a ``task-progress`` event from
+        the worker, at most one per 0.1 s per task, the last one before the task's final
+        event; a call for a task that runs elsewhere only stores."""
         task_id = task_id or self.request.id
         if not task_id:
             raise ValueError("update_state needs task_id= outside a running task")
@@ -403,6 +408,13 @@ class Task(Generic[P, R]):
             raise TypeError(f"update_state() got unexpected keyword argument(s): "
                             f"{', '.join(sorted(kwargs))}")
         self.app.backend.store(task_id, state, meta, retries=self.request.retries)
+        # Imported here: tasks.py is imported before anything that executes tasks, and
+        # the lookup finds nothing unless an executor registered the task (_progress).
+        from ._progress import RUNNING
+
+        reporter = RUNNING.get(task_id)
+        if reporter is not None:
+            reporter.report(task_id, state, meta)
 
     # -- retrying -----------------------------------------------------------------------
     def retry(

@@ -22,6 +22,7 @@ from .._net import mask_password
 from ..app import Celeriac
 from ..events import ClusterState, Event, EventReceiver, JSONLinesCamera
 from ..events.cameras import Camera, load_camera
+from ..events.state import describe_progress
 from .loader import AppLoader
 from .worker import LEVELS, setup_logging
 
@@ -212,6 +213,17 @@ def _short(value: object, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def progress_cell(meta: Any, width: int = 10) -> Text:
+    """A task's progress for the live view: ``40/100`` with a bar when the meta says
+    how far along it is (``events.state.describe_progress``), else its short text."""
+    text, ratio = describe_progress(meta)
+    if ratio is None:
+        return Text(text)
+    filled = round(ratio * width)
+    return Text.assemble(("\u2588" * filled, "green"), ("\u2591" * (width - filled), "dim"),
+                         " " + text)
+
+
 def render(state: ClusterState, height: int) -> RenderableType:
     now = state.clock()
     per_s, _ = state.throughput()
@@ -226,10 +238,11 @@ def render(state: ClusterState, height: int) -> RenderableType:
                         str(w.active), str(w.processed),
                         " ".join(f"{x:.2f}" for x in w.loadavg), seen)
     tasks = Table(expand=True, title="latest tasks", title_justify="left")
-    for col in ("uuid", "name", "state", "worker", "runtime"):
+    for col in ("uuid", "name", "state", "progress", "worker", "runtime"):
         tasks.add_column(col, justify="right" if col == "runtime" else "left")
     rows = max(height - len(state.workers) - 12, 3)
     for t in itertools.islice(reversed(state.tasks.values()), rows):
         tasks.add_row(t.uuid, t.name or "?", Text(t.state, STATE_STYLE.get(t.state, "")),
-                      t.worker or "-", f"{t.runtime:.3f}s" if t.runtime is not None else "")
+                      progress_cell(t.progress), t.worker or "-",
+                      f"{t.runtime:.3f}s" if t.runtime is not None else "")
     return Group(head, workers, tasks)

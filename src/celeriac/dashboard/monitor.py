@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..events import ClusterState, Event, EventReceiver
+from ..events.state import describe_progress
 from .stream import Hub
 
 if TYPE_CHECKING:
@@ -322,12 +323,15 @@ class Monitor:
 
 
 TIME_FIELDS = ("sent", "received", "started", "succeeded", "failed", "retried", "rejected",
-               "revoked")
+               "revoked", "progressed")
 
 
 def task_view(task: Any) -> dict[str, Any]:
-    """A task as JSON, with ``updated`` (its latest timestamp) and ``finished``."""
+    """A task as JSON, with ``updated`` (its latest timestamp), ``finished``, and its
+    ``progress`` (the meta) as the page shows it: ``progress_text`` (``40/100``) and
+    ``progress_ratio`` (0 to 1, or None: no bar)."""
     data: dict[str, Any] = dict(task.as_dict())
+    data["progress_text"], data["progress_ratio"] = describe_progress(data.get("progress"))
     stamps = [v for f in TIME_FIELDS if isinstance(v := data.get(f), int | float)]
     data["updated"] = max(stamps) if stamps else None
     ends = [v for f in ("succeeded", "failed", "rejected", "revoked")

@@ -5,7 +5,9 @@
 ``/static/<file>``      its script and style
 ``/api/workers``        workers with status, active, processed, load
 ``/api/tasks``          tasks, most recently updated first; ``state``, ``name``,
-                        ``worker``, ``limit`` (default 100, at most 10,000) filter them
+                        ``worker``, ``limit`` (default 100, at most 10,000) filter them;
+                        each with ``progress`` (its last ``update_state`` meta),
+                        ``progress_text`` and ``progress_ratio``
 ``/api/tasks/<uuid>``   one task, traceback included (404 when unknown)
 ``/api/queues``         queue lengths, read now
 ``/api/stats``          counts by state, throughput history, cluster statistics

@@ -10,6 +10,12 @@ receiver joins mid-stream). The rules:
   running one: a late ``task-started`` after ``task-succeeded`` only fills in fields
   that are still empty (and its own timestamp, ``started``). ``task-sent`` (PENDING)
   never replaces what a worker reported.
+- ``task-progress`` (a running task's ``update_state``) sets the task's state to the
+  custom one it names, as a running state: it never ends the task (a state named like a
+  final one is kept in ``progress`` only), the task's final event replaces it, and a
+  late one after the final event leaves the state alone. ``progress`` holds the newest
+  meta by the same ordering, ``progressed`` its timestamp. Custom states are not
+  counted in ``stats()``'s totals (tasks may name any number of them).
 - A worker is alive while its last sign of life (an event's ``local_received``, else
   its ``timestamp``) is at most ``freq * 2`` seconds old by this state's clock, and it
   has not said ``worker-offline``. A restarted worker (new pid, or ``worker-online``)
@@ -23,11 +29,14 @@ and read in one thread (the receiver's loop).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
+
+import orjson
 
 from .. import states
 from .dispatcher import Event
@@ -47,6 +56,7 @@ TASK_EVENTS: dict[str, tuple[str, str]] = {
     "task-rejected": (REJECTED, "rejected"),
     "task-revoked": (states.REVOKED, "revoked"),
 }
+PROGRESS = "task-progress"
 TASK_FIELDS = ("name", "args", "kwargs", "result", "exception", "traceback", "runtime",
                "retries", "eta", "expires", "queue", "root_id", "parent_id", "reason")
 WORKER_FIELDS = ("freq", "active", "processed", "loadavg", "sw_ident", "sw_ver", "sw_sys")
@@ -121,11 +131,17 @@ class TaskState:
     retried: float | None = None
     rejected: float | None = None
     revoked: float | None = None
+    progress: Any = None
+    """The meta of the newest ``task-progress`` (JSON, or a short repr of it)."""
+    progressed: float | None = None
+    """The timestamp of that ``task-progress``."""
     timestamp: float | None = None
     """When the current state was entered (the sender's clock)."""
     clock: int = 0
     origin: str | None = field(default=None, repr=False)
     """Who sent the event that set the current state (its clock orders the next ones)."""
+    progress_key: tuple[str | None, int, float] | None = field(default=None, repr=False)
+    """(origin, clock, timestamp) of the ``task-progress`` that set ``progress``."""
 
     @property
     def ready(self) -> bool:
@@ -135,7 +151,8 @@ class TaskState:
         return {name: getattr(self, name) for name in _TASK_PUBLIC}
 
 
-_TASK_PUBLIC = tuple(f.name for f in fields(TaskState) if f.name != "origin")
+_TASK_PUBLIC = tuple(f.name for f in fields(TaskState)
+                     if f.name not in ("origin", "progress_key"))
 
 
 class ClusterState:
@@ -230,11 +247,15 @@ class ClusterState:
         clock, timestamp = _int(event.get("clock")), _float(event.get("timestamp"))
         old_name, old_worker, old_state = task.name, task.worker, task.state
         known = TASK_EVENTS.get(type_)
+        new_state: str | None = None
         if known is not None:
             setattr(task, known[1], timestamp)
-        if known is not None and _advances(task, known[0], hostname, clock, timestamp):
+            new_state = known[0]
+        elif type_ == PROGRESS:
+            new_state = _progress(task, event, hostname, clock, timestamp)
+        if new_state is not None and _advances(task, new_state, hostname, clock, timestamp):
             task.state, task.timestamp, task.clock, task.origin = (
-                known[0], timestamp, clock, hostname)
+                new_state, timestamp, clock, hostname)
             for name in TASK_FIELDS:
                 if name in event:
                     setattr(task, name, event[name])
@@ -253,7 +274,7 @@ class ClusterState:
             if not worker.offline:
                 self._sign_of_life(worker, event)
         self._index(task, old_name, old_worker, old_state)
-        if task.state != old_state:
+        if task.state != old_state and type_ != PROGRESS:
             self._stats.transition(task.name, task.state, self.clock())
         if type_ in ("task-succeeded", "task-failed") and task.name is not None:
             runtime = event.get("runtime")
@@ -361,6 +382,78 @@ def _advances(task: TaskState, new: str, origin: str | None, clock: int,
     if origin is not None and origin == task.origin:
         return (clock, timestamp) >= (task.clock, task.timestamp)
     return timestamp >= task.timestamp
+
+
+PROGRESS_TEXT = 40
+"""Characters of a progress description that is neither a count nor a percentage."""
+
+
+def describe_progress(meta: Any) -> tuple[str, float | None]:
+    """How monitors show a task's progress meta: a text and, when it says how far along
+    the task is, a fraction from 0 to 1.
+
+    ``{"done": 40, "total": 100}`` or Celery's common ``{"current": 40, "total": 100}``
+    -> ``("40/100", 0.4)``; ``{"percent": 40}`` -> ``("40%", 0.4)``; ``{"progress": x}``
+    is a fraction when x is a float from 0 to 1, else a percentage; anything else -> a
+    short JSON text (or the repr the worker sent) and no fraction; None -> ``("", None)``.
+    """
+    if meta is None:
+        return "", None
+    if isinstance(meta, dict):
+        total = meta.get("total")
+        for key in ("done", "current"):
+            done = meta.get(key)
+            if _number(done) and _number(total):
+                ratio = done / total if total > 0 else None
+                return f"{_count(done)}/{_count(total)}", _clamp(ratio)
+        percent = meta.get("percent")
+        progress = meta.get("progress")
+        if not _number(percent) and _number(progress):
+            percent = progress * 100 if isinstance(progress, float) and 0 <= progress <= 1 \
+                else progress
+        if _number(percent):
+            return f"{_count(round(percent, 1))}%", _clamp(percent / 100)
+    if isinstance(meta, str):
+        text = meta
+    else:
+        try:
+            text = orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:
+            text = repr(meta)
+    return (text if len(text) <= PROGRESS_TEXT else text[:PROGRESS_TEXT - 3] + "..."), None
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _count(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def _clamp(ratio: float | None) -> float | None:
+    return None if ratio is None else min(max(ratio, 0.0), 1.0)
+
+
+def _progress(task: TaskState, event: Event, origin: str | None, clock: int,
+              timestamp: float) -> str | None:
+    """Record a ``task-progress``'s meta if it is the newest (one sender: by clock;
+    between senders: by timestamp); return the running state it names, if any."""
+    key = task.progress_key
+    if key is None:
+        newer = True
+    elif origin is not None and origin == key[0]:
+        newer = (clock, timestamp) >= (key[1], key[2])
+    else:
+        newer = timestamp >= key[2]
+    if newer:
+        task.progress, task.progressed = event.get("meta"), timestamp
+        task.progress_key = (origin, clock, timestamp)
+    state = event.get("state")
+    if isinstance(state, str) and state and state not in READY_STATES:
+        return state
+    return None
 
 
 def _discard(index: dict[str, dict[str, None]], key: str, uuid: str) -> None:

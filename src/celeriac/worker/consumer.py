@@ -445,6 +445,12 @@ class Consumer:
         if self.events is not None:
             self.events.started(job.headers["id"])
 
+    def on_job_progress(self, task_id: str, state: str, meta: Any) -> None:
+        """A running task's ``update_state`` (pools report them only with task events
+        on): sent at once, so it precedes the final event, which waits for the store."""
+        if self.events is not None:
+            self.events.progress(task_id, state, meta)
+
     def on_job_returned(self, job: Job) -> None:
         """A job the pool took and never started: first in line again."""
         self.limiter.returned(job)  # it keeps the rate-limit token it took

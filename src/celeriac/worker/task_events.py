@@ -15,7 +15,12 @@ What is sent, by the consumer's steps (see ``celeriac.events`` for the wire form
   result, so a monitor that reads the result on this event finds it;
 - task-rejected: dead-lettered (malformed body, unknown task, ``Reject``) or given back
   (``Reject(requeue=True)``, a lost child's job redelivered);
-- task-revoked: expired on arrival.
+- task-revoked: expired on arrival;
+- task-progress (ours; Celery has none): the running task called ``update_state``,
+  with ``state`` and ``meta`` (JSON up to 1 KiB, else a short repr); throttled to one
+  per 0.1 s per task where the task runs (``celeriac._progress``). Sent at once: the
+  last one precedes the task's final event. ``meta`` is kept with
+  ``events_hide_args`` (it is what the task chose to publish, not its arguments).
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ class TaskEvents:
 
     def started(self, task_id: str) -> None:
         self.put({"type": "task-started", "uuid": task_id, "timestamp": time.time()})
+
+    def progress(self, task_id: str, state: str, meta: Any) -> None:
+        self.put({"type": "task-progress", "uuid": task_id, "state": state, "meta": meta,
+                  "timestamp": time.time()})
 
     def rejected(self, task_id: str, reason: str, *, requeue: bool) -> None:
         self.put({"type": "task-rejected", "uuid": task_id, "reason": reason,

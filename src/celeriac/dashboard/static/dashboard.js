@@ -6,6 +6,8 @@
   const LIST_LIMIT = 200;        // rows shown, and asked of /api/tasks
   const MAX_TASKS = 2000;        // tasks kept in the browser
   const HISTORY = 300;           // seconds drawn by the charts
+  const STATES = ["PENDING", "RECEIVED", "STARTED", "SUCCESS", "FAILURE", "RETRY", "REVOKED",
+    "REJECTED"];                 // the filter's states, and the custom ones seen (counts)
 
   const $ = (id) => document.getElementById(id);
   const tasks = new Map();       // uuid -> summary (no traceback)
@@ -71,6 +73,25 @@
     select.value = current;
   }
   function sortKey(t) { return t.received ?? t.sent ?? t.updated ?? 0; }
+  // The server describes the meta (progress_text, progress_ratio): one rule for the
+  // page, the API and `celeriac events`.
+  function progressCell(t) {
+    const td = el("td", null, "progress");
+    if (!t.progress_text) return td;
+    if (typeof t.progress_ratio === "number") {
+      const bar = el("span", null, "bar");
+      const pct = Math.round(t.progress_ratio * 1000) / 10;
+      bar.setAttribute("role", "progressbar");
+      bar.setAttribute("aria-valuenow", String(pct));
+      const fill = el("span", null, "fill");
+      fill.style.width = pct + "%";
+      bar.append(fill);
+      td.append(bar);
+    }
+    td.append(el("span", t.progress_text, "ptext"));
+    td.title = text(t.progress);
+    return td;
+  }
 
   // -- tasks -----------------------------------------------------------------------------
   function mergeTask(t) {
@@ -116,6 +137,7 @@
       tr.dataset.state = t.state || "";
       if (t.uuid === selected) tr.classList.add("selected");
       tr.append(el("td", t.state, "state state-" + (t.state || "")));
+      tr.append(progressCell(t));
       const name = el("td", t.name || "?", "name");
       name.title = t.name || "";
       tr.append(name);
@@ -167,6 +189,7 @@
     const fields = [
       ["uuid", t.uuid], ["worker", t.worker], ["queue", t.queue],
       ["args", t.args], ["kwargs", t.kwargs], ["result", t.result],
+      ["progress", t.progress], ["progressed", fmtDate(t.progressed)],
       ["retries", t.retries], ["eta", t.eta], ["expires", t.expires],
       ["sent", fmtDate(t.sent)], ["received", fmtDate(t.received)],
       ["started", fmtDate(started)], ["finished", fmtDate(finished)],
@@ -239,6 +262,8 @@
       return b;
     });
     $("counts").replaceChildren(...chips);
+    // custom states (update_state) join the filter once a task is in one
+    setSelect($("f-state"), [...new Set([...STATES, ...Object.keys(counts).sort()])]);
   }
 
   // -- charts ----------------------------------------------------------------------------

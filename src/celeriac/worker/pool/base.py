@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..execute import Job, Outcome
 from ..timer import Timer
@@ -23,7 +23,9 @@ OnDone = Callable[[Job, Outcome], None]
 
 
 class PoolClient(Protocol):
-    """Where a pool reports: the consumer."""
+    """Where a pool reports: the consumer. It may also have ``on_job_progress(task_id,
+    state, meta)``, called for a running task's ``update_state`` while task events are
+    on (``attach`` takes it when present)."""
 
     def on_job_done(self, job: Job, outcome: Outcome) -> None: ...
     def on_slot(self) -> None: ...
@@ -49,6 +51,9 @@ class Pool(abc.ABC):
         """Called when a job starts running (task events)."""
         self.on_returned: Callable[[Job], None] = lambda job: None
         """Called with a job the pool took but never started and cannot start now."""
+        self.on_progress: Callable[[str, str, Any], None] = lambda task_id, state, meta: None
+        """Called with a running task's ``update_state`` (task id, state, meta as JSON
+        made it; throttled where the task runs), only while ``task_events`` is on."""
         self.on_fatal: Callable[[str], None] = on_fatal or (lambda reason: None)
         """Called when the pool cannot go on (a restart storm); the worker stops."""
         self.task_events = False
@@ -62,6 +67,7 @@ class Pool(abc.ABC):
         self.on_ready = client.on_slot
         self.on_started = client.on_job_started
         self.on_returned = client.on_job_returned
+        self.on_progress = getattr(client, "on_job_progress", self.on_progress)
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..._progress import ProgressReporter
 from ...backends.base import ResultBackend, Stored, backend_class
 from ...errors import OperationalError, SoftTimeLimitExceeded
 from ...protocol import Message
@@ -61,16 +62,23 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
         app._backend.inbox = inbox  # chord_part reads its answers from the job pipe
     inbox.start()
     outbox.send(pipes.frame(pipes.UP, str(os.getpid()).encode()))
+    # Told at fork whether task events are on: without them there is no reporter, so
+    # update_state writes no PROGRESS frame and the job loop pays one test of None.
+    reporter = ProgressReporter(
+        lambda task_id, state, meta: outbox.send(pipes.encode_progress(task_id, state, meta))
+    ) if task_events else None
 
     try:
-        return _serve(app, inbox, outbox, parent, max_tasks, max_memory_kib, task_events)
+        return _serve(app, inbox, outbox, parent, max_tasks, max_memory_kib, task_events,
+                      reporter)
     finally:
         if app.hooks:
             app.hooks.call("worker_process_shutdown")
 
 
 def _serve(app: Celeriac, inbox: Inbox, outbox: Outbox, parent: int, max_tasks: int | None,
-           max_memory_kib: int | None, task_events: bool) -> int:
+           max_memory_kib: int | None, task_events: bool,
+           reporter: ProgressReporter | None = None) -> int:
     done_tasks = 0
     while True:
         frame = inbox.next()
@@ -80,7 +88,16 @@ def _serve(app: Celeriac, inbox: Inbox, outbox: Outbox, parent: int, max_tasks: 
         if kind == pipes.STOP:
             return 0
         job, soft_limit = pipes.decode_job(payload)
-        result = _run(app, job, soft_limit, task_events)
+        if reporter is None:
+            result = _run(app, job, soft_limit, task_events)
+        else:
+            task_id = job.headers["id"]
+            reporter.begin(task_id)
+            try:
+                result = _run(app, job, soft_limit, task_events)
+            finally:
+                # Before DONE: the last progress precedes the task's final event.
+                reporter.end(task_id)
         done_tasks += 1
         retire = _should_retire(done_tasks, max_tasks, max_memory_kib)
         # The result travels with DONE: the parent stores it (batched with other

@@ -2,7 +2,7 @@
 
 Each child has three pipes: jobs (parent -> child; JOB and STOP frames), control (parent
 -> child; RECALL frames, read by the child's control thread, see ``channels.py``) and
-results (child -> parent; UP, DONE, RECALLED and relay frames). The parent's ends are
+results (child -> parent; UP, DONE, RECALLED, PROGRESS and relay frames). The parent's ends are
 non-blocking and live on the event loop.
 """
 

@@ -48,6 +48,8 @@ STARTED = 15  # the job's seq, as text: a RECALL came too late, the job has star
 RELAY_CHORD = 16  # chord_part for a backend that lives in the parent's memory: JSON
 #                   [group_id, task_id, size]; the parent answers CHORD_ANSWER on the
 #                   job pipe (the child's RelayBackend waits for it)
+PROGRESS = 17  # update_state of a running task, only with task events on (_progress.py):
+#                JSON [task_id, state, meta]; encode_progress / decode_progress
 
 
 class Done(NamedTuple):
@@ -104,6 +106,16 @@ def decode_done(payload: bytes) -> Done:
         if meta[8] is not None:
             shown = (meta[8][0], meta[8][1])
     return Done(seq, action, state, reason, runtime, retire, stored, shown)
+
+
+def encode_progress(task_id: str, state: str, meta_json: bytes) -> bytes:
+    """``meta_json`` is spliced in as it is (the child made it; it is valid JSON)."""
+    return frame(PROGRESS, orjson.dumps([task_id, state, orjson.Fragment(meta_json)]))
+
+
+def decode_progress(payload: bytes) -> tuple[str, str, Any]:
+    task_id, state, meta = orjson.loads(payload)
+    return task_id, state, meta
 
 
 def encode_chord_part(group_id: str, task_id: str, size: int) -> bytes:

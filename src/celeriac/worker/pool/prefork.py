@@ -265,6 +265,18 @@ class PreforkPool(Pool):
                 self.app.transport.publish(meta["queue"], message, delay=meta["delay"])
             elif kind == pipes.RELAY_CHORD:
                 self._relay_chord(proc, payload)
+            elif kind == pipes.PROGRESS:
+                self._on_progress(proc, payload)
+
+    def _on_progress(self, proc: ChildProc, payload: bytes) -> None:
+        """A running task's ``update_state`` (the child sends them only with task
+        events on). A frame read after its job was settled otherwise (a hard time limit
+        killed the child as it wrote) is dropped: its task's final event is out."""
+        task_id, state, meta = pipes.decode_progress(payload)
+        for job in (proc.job, proc.queued):  # queued: in limbo, started as recalled
+            if job is not None and job.headers["id"] == task_id:
+                self.on_progress(task_id, state, meta)
+                return
 
     def _relay_chord(self, proc: ChildProc, payload: bytes) -> None:
         """A child's ``chord_part`` on the backend in this process's memory; the child

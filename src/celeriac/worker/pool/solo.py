@@ -12,7 +12,11 @@ import asyncio
 import logging
 import queue
 import threading
+from typing import Any
 
+import orjson
+
+from ..._progress import ProgressReporter
 from ..execute import Job, Outcome, execute
 from .base import Pool
 
@@ -33,6 +37,9 @@ class SoloPool(Pool):
         self._terminated = False
         self._idle = asyncio.Event()
         self._idle.set()
+        # Progress reports reach the loop as calls, in order with the outcome's: the
+        # last report precedes the task's final event. None without task events.
+        self._reporter = ProgressReporter(self._send_progress) if self.task_events else None
         self._thread = threading.Thread(target=self._work, name="celeriac-solo", daemon=True)
         self._thread.start()
         self.app.hooks.call("worker_process_init")
@@ -49,14 +56,28 @@ class SoloPool(Pool):
     def running(self) -> list[Job]:
         return [self._current] if self._current is not None else []
 
+    def _send_progress(self, task_id: str, state: str, meta: bytes) -> None:
+        # Decoded here, in the executor thread: the loop's time is the worker's budget.
+        self._loop.call_soon_threadsafe(self._progress, task_id, state, orjson.loads(meta))
+
+    def _progress(self, task_id: str, state: str, meta: Any) -> None:
+        if not self._terminated:
+            self.on_progress(task_id, state, meta)
+
     def _work(self) -> None:
+        reporter = self._reporter
         while (job := self._jobs.get()) is not _STOP:
+            if reporter is not None:
+                reporter.begin(job.headers["id"])
             try:
                 outcome = execute(self.app, job, self.task_events)
             except BaseException as exc:
                 logger.exception("Task %s[%s] crashed the executor", job.headers.get("task"),
                                  job.headers.get("id"))
                 outcome = Outcome("requeue", reason=repr(exc))
+            finally:
+                if reporter is not None:
+                    reporter.end(job.headers["id"])
             try:
                 self._loop.call_soon_threadsafe(self._done, job, outcome)
             except RuntimeError:  # the loop is closed: the worker is gone (terminated)

@@ -1,0 +1,24 @@
+"""The task test_progress_events runs in a real worker: it reports progress with
+``update_state``, spaced and then in a tight loop. Settings come from CELERIAC_*."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celeriac import Celeriac, Settings
+from celeriac._progress import RUNNING
+
+app = Celeriac("progress", settings=Settings.from_env())
+
+
+@app.task(bind=True)
+def steps(self: Any, spaced: int, gap: float, burst: int) -> dict[str, Any]:
+    """``spaced`` reports ``gap`` seconds apart, then ``burst`` at once; returns whether
+    this executor registered the task for progress events (only with task events on)."""
+    for i in range(1, spaced + 1):
+        self.update_state(state="PROGRESS", meta={"done": i, "total": spaced})
+        time.sleep(gap)  # sleep-ok: the task's own pace, longer than the throttle's interval
+    for i in range(1, burst + 1):
+        self.update_state(state="CRUNCHING", meta={"current": i, "total": burst})
+    return {"registered": self.request.id in RUNNING}
