@@ -9,12 +9,14 @@ still configures it next becomes the leader: remove it from the configuration to
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .. import schedules
 from ..errors import ConfigurationError
-from .entries import BeatEntry, parse_entry
+from .entries import BeatEntry, bind_tz, parse_entry
 from .service import Beat, configured_entries, from_ms
 from .store import BeatStore, open_store
 
@@ -68,6 +70,7 @@ class BeatAPI:
         entry = parse_entry(name, {"task": task, "schedule": schedule, "args": args or (),
                                    "kwargs": kwargs or {}, "options": dict(options or {})},
                             source="runtime")
+        entry = bind_tz(entry, schedules.app_timezone(self.app.settings))
         self.store.put_entry(name, entry.to_json())
         return entry
 
@@ -103,3 +106,14 @@ class BeatAPI:
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+_APIS: weakref.WeakKeyDictionary[Celeriac, BeatAPI] = weakref.WeakKeyDictionary()
+
+
+def api_for(app: Celeriac) -> BeatAPI:
+    """``app.beat``: one per app (its store connection is reused)."""
+    api = _APIS.get(app)
+    if api is None:
+        api = _APIS[app] = BeatAPI(app)
+    return api

@@ -15,9 +15,9 @@ the CLI). Every error names the entry and the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -95,9 +95,9 @@ def schedule_from_dict(d: Mapping[str, Any]) -> Any:
 
 def parse_entry(name: Any, value: Any, *, source: str = "config") -> BeatEntry:
     """An entry from Celery's dict form; ``ConfigurationError`` names entry and field."""
-    if not isinstance(name, str) or not name or "@" in name or len(name) > 200:
+    if not isinstance(name, str) or not name or len(name) > 200:
         raise ConfigurationError(f"beat_schedule: entry names must be non-empty strings "
-                                 f"without '@' (at most 200 characters), got {name!r}")
+                                 f"(at most 200 characters), got {name!r}")
     where = f"beat_schedule[{name!r}]"
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"{where} must be a dict with 'task' and 'schedule', got "
@@ -115,10 +115,12 @@ def parse_entry(name: Any, value: Any, *, source: str = "config") -> BeatEntry:
         schedule = schedules.maybe_schedule(value["schedule"])
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"{where}: schedule: {exc}") from None
-    args = value.get("args") or ()
+    args = value.get("args")
+    args = () if args is None else args
     if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
         raise ConfigurationError(f"{where}: args must be a list or tuple, got {args!r}")
-    kwargs = value.get("kwargs") or {}
+    kwargs = value.get("kwargs")
+    kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise ConfigurationError(f"{where}: kwargs must be a dict with string keys, got "
                                  f"{kwargs!r}")
@@ -169,5 +171,42 @@ def _plain_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+def bind_tz(entry: BeatEntry, tz: Any) -> BeatEntry:
+    """``entry`` with its schedule read in the app's zone ``tz``, unless the schedule
+    names a zone of its own (a schedule's zone defaults to UTC: UTC means "unset")."""
+    if entry.schedule.tz is not UTC or tz is UTC:
+        return entry
+    return replace(entry, schedule=entry.schedule.with_tz(tz))
+
+
 def entries_from_settings(beat_schedule: Mapping[str, Any]) -> dict[str, BeatEntry]:
     return {name: parse_entry(name, value) for name, value in beat_schedule.items()}
+
+
+def from_periodic(schedule: Any, sig: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
+                  name: str | None, options: Mapping[str, Any]) -> BeatEntry:
+    """``app.add_periodic_task``'s arguments as an entry: ``sig`` is a signature (its
+    args, kwargs and options; plain ones only), a task, or a task name."""
+    sig_options: dict[str, Any] = {}
+    if isinstance(sig, Mapping) and "task" in sig:
+        if sig.get("subtask_type"):
+            raise ConfigurationError(f"add_periodic_task: a {sig['subtask_type']} cannot be "
+                                     "a periodic task yet; give a task signature")
+        task = str(sig["task"])
+        args = (*tuple(sig.get("args") or ()), *args)
+        kwargs = {**dict(sig.get("kwargs") or {}), **dict(kwargs or {})}
+        sig_options = {k: v for k, v in dict(sig.get("options") or {}).items()
+                       if k in SEND_OPTIONS or k == "missed_runs"}
+    elif isinstance(sig, str):
+        task = sig
+    elif isinstance(getattr(sig, "name", None), str):
+        task = sig.name  # a task
+    else:
+        raise ConfigurationError(f"add_periodic_task: expected a signature, a task or a "
+                                 f"task name, got {sig!r}")
+    if name is None:
+        shown = [*map(repr, args), *(f"{k}={v!r}" for k, v in (kwargs or {}).items())]
+        name = f"{task}({', '.join(shown)})"[:200]  # Celery names it after the call
+    return parse_entry(name, {"task": task, "schedule": schedule, "args": tuple(args),
+                              "kwargs": dict(kwargs or {}),
+                              "options": {**sig_options, **options}})

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import schedules
 from ..errors import CeleriacError
-from .entries import BeatEntry, entries_from_settings
+from .entries import BeatEntry, bind_tz, entries_from_settings
 from .store import BeatStore, open_store, run_key
 
 if TYPE_CHECKING:
@@ -107,7 +107,6 @@ class Beat:
         self.lease_timeout = settings.beat_lease_timeout
         self.max_interval = max_interval or settings.beat_max_loop_interval
         self.missed_runs = settings.beat_missed_runs
-        self.tz = schedules.app_timezone(settings)
         self.leading = False
         self.sent = 0
         """Runs this beat sent."""
@@ -176,13 +175,9 @@ class Beat:
                 logger.info("beat entry %r is no longer configured: removed", name)
                 self.store.remove_entry(name)
 
-    def _schedule(self, entry: BeatEntry) -> Any:
-        with_tz = getattr(entry.schedule, "with_tz", None)
-        return with_tz(self.tz) if with_tz is not None else entry.schedule
-
     def _entry_tick(self, entry: BeatEntry, last_ms: int | None) -> float:
         """Send what ``entry`` has due; seconds until its next due time."""
-        schedule = self._schedule(entry)
+        schedule = entry.schedule
         now = from_ms(to_ms(datetime.fromtimestamp(self.clock(), UTC)))
         if last_ms is None:
             self.store.advance(self.id, entry.name, to_ms(now))
@@ -284,4 +279,5 @@ def configured_entries(app: Celeriac) -> dict[str, BeatEntry]:
     """``beat_schedule`` and the entries of ``add_periodic_task`` (which win)."""
     entries = entries_from_settings(app.settings.beat_schedule)
     entries.update(getattr(app, "_periodic", {}))
-    return entries
+    tz = schedules.app_timezone(app.settings)
+    return {name: bind_tz(entry, tz) for name, entry in entries.items()}
