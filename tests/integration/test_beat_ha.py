@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import os
 import signal
 import subprocess
@@ -190,7 +191,7 @@ def test_three_beats_kills_and_an_outage_send_each_due_time_once(
     # Due times: each later than the one before; a gap of more than one interval only
     # across an outage (policy "once": one run for the windows it missed).
     dues = sorted(r.due_ms for r in runs if r.name == "tick")
-    gaps = [b - a for a, b in zip(dues, dues[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(dues)]
     long_gaps = [g for g in gaps if g > 1000]
     minutes = [r.due_ms for r in runs if r.name == "minute"]
     print(f"\nbeat HA on {store_url.split(':')[0]}: {len(dues)} tick runs, "
