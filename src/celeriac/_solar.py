@@ -33,7 +33,7 @@ EVENTS = {
 _MAX_DAYS = 400
 
 
-def ephem() -> ModuleType:
+def require_ephem() -> ModuleType:
     try:
         return importlib.import_module("ephem")
     except ImportError as exc:
@@ -44,7 +44,7 @@ def ephem() -> ModuleType:
 
 def next_event(event: str, lat: float, lon: float, after: datetime) -> datetime:
     """The first ``event`` strictly after ``after`` (aware) seen from lat/lon, in UTC."""
-    eph = ephem()
+    eph = require_ephem()
     spec = EVENTS[event]
     observer = eph.Observer()
     observer.lat, observer.lon = str(lat), str(lon)  # strings are degrees, floats radians
