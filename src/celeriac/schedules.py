@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import MAXYEAR, UTC, date, datetime, time, timedelta, timezone, tzinfo
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import _solar
@@ -138,7 +138,7 @@ class BaseSchedule:
         now = self.now()
         return schedstate(True, (self.next_run(now) - now).total_seconds())
 
-    def with_tz(self, tz: tzinfo | str | None) -> BaseSchedule:
+    def with_tz(self, tz: tzinfo | str | None) -> Self:
         """This schedule read in zone ``tz`` (beat binds the app's zone with it)."""
         bound = copy.copy(self)
         bound.tz = _zone(tz)
@@ -237,7 +237,7 @@ _DAYS = _names("sunday", "monday", "tuesday", "wednesday", "thursday", "friday",
                first=0)
 _MONTHS = _names("january", "february", "march", "april", "may", "june", "july", "august",
                  "september", "october", "november", "december", first=1)
-_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\w*))?$")
+_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\w*))?$", re.ASCII)
 
 
 class _Field(NamedTuple):
