@@ -33,7 +33,7 @@ EVENTS = {
 _MAX_DAYS = 400
 
 
-def ephem() -> ModuleType:
+def require_ephem() -> ModuleType:
     try:
         return importlib.import_module("ephem")
     except ImportError as exc:
@@ -44,7 +44,7 @@ def ephem() -> ModuleType:
 
 def next_event(event: str, lat: float, lon: float, after: datetime) -> datetime:
     """The first ``event`` strictly after ``after`` (aware) seen from lat/lon, in UTC."""
-    eph = ephem()
+    eph = require_ephem()
     spec = EVENTS[event]
     observer = eph.Observer()
     observer.lat, observer.lon = str(lat), str(lon)  # strings are degrees, floats radians
@@ -56,11 +56,11 @@ def next_event(event: str, lat: float, lon: float, after: datetime) -> datetime:
     start = after.astimezone(UTC).replace(tzinfo=None) + timedelta(seconds=1)
     for _ in range(_MAX_DAYS):
         try:
-            found = find(eph.Sun(), start=start, **kwargs).datetime()
+            found: datetime = find(eph.Sun(), start=start, **kwargs).datetime()
         except eph.CircumpolarError:
             # No such event today: look again after the sun's lowest point (as Celery).
             start = observer.next_antitransit(eph.Sun(), start=start).datetime()
             start += timedelta(minutes=1)
             continue
-        return found.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+        return found.replace(tzinfo=UTC)
     raise ValueError(f"solar {event} does not occur at latitude {lat}, longitude {lon}")

@@ -24,21 +24,13 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import MAXYEAR, UTC, date, datetime, time, timedelta, timezone, tzinfo
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import _solar
 
-__all__ = [
-    "BaseSchedule",
-    "app_timezone",
-    "crontab",
-    "from_dict",
-    "maybe_schedule",
-    "schedstate",
-    "schedule",
-    "solar",
-]
+__all__ = ["BaseSchedule", "app_timezone", "crontab", "from_dict", "maybe_schedule",
+           "schedstate", "schedule", "solar"]
 
 Zone = ZoneInfo | timezone
 Cronspec = int | str | Iterable[int]
@@ -115,6 +107,8 @@ def _resolve(wall: datetime, tz: Zone, fold: int = 0) -> datetime:
 class BaseSchedule:
     """What beat needs from a schedule; times in and out are timezone-aware."""
 
+    _type = ""  # the "type" in to_dict
+
     def __init__(
         self, *, tz: tzinfo | str | None = None, nowfun: Callable[[], datetime] | None = None
     ) -> None:
@@ -122,6 +116,7 @@ class BaseSchedule:
         self.nowfun = nowfun
 
     def now(self) -> datetime:
+        """The current time, in UTC."""
         if self.nowfun is None:
             return datetime.now(UTC)
         return _aware(self.nowfun(), "nowfun()")
@@ -133,7 +128,7 @@ class BaseSchedule:
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         """Time from now until the run that follows ``last_run_at`` (negative if overdue)."""
         # Both sides in UTC: Python subtracts same-zone datetimes by wall clock.
-        return self.next_run(_aware(last_run_at, "last_run_at")) - _aware(self.now(), "now")
+        return self.next_run(_aware(last_run_at, "last_run_at")) - self.now()
 
     def is_due(self, last_run_at: datetime) -> schedstate:
         """Celery's ``(is_due, next)``: due now?, and seconds until the next check."""
@@ -143,7 +138,7 @@ class BaseSchedule:
         now = self.now()
         return schedstate(True, (self.next_run(now) - now).total_seconds())
 
-    def with_tz(self, tz: tzinfo | str | None) -> BaseSchedule:
+    def with_tz(self, tz: tzinfo | str | None) -> Self:
         """This schedule read in zone ``tz`` (beat binds the app's zone with it)."""
         bound = copy.copy(self)
         bound.tz = _zone(tz)
@@ -152,8 +147,6 @@ class BaseSchedule:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form; :func:`from_dict` turns it back into an equal schedule."""
         return {"type": self._type, **self._fields(), "tz": _zone_name(self.tz)}
-
-    _type = ""
 
     def _fields(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -235,8 +228,6 @@ def _humanize(seconds: float) -> str:
     return f"{seconds:.2f} seconds"
 
 
-
-
 def _names(*names: str, first: int) -> dict[str, int]:
     """Full names and their three-letter abbreviations, numbered from ``first``."""
     return {key: i for i, n in enumerate(names, first) for key in (n, n[:3])}
@@ -246,7 +237,7 @@ _DAYS = _names("sunday", "monday", "tuesday", "wednesday", "thursday", "friday",
                first=0)
 _MONTHS = _names("january", "february", "march", "april", "may", "june", "july", "august",
                  "september", "october", "november", "december", first=1)
-_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\w*))?$")
+_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\w*))?$", re.ASCII)
 
 
 class _Field(NamedTuple):
@@ -368,11 +359,8 @@ class crontab(BaseSchedule):
         # Local wall time maps to real time monotonically under _resolve, so the first
         # candidate that lands after ``after`` is the answer. The candidates skipped are
         # at most the repeated hour, when ``after`` is in its second occurrence.
-        for wall in self._walls(start):
-            instant = _resolve(wall, self.tz)
-            if instant > after:
-                return instant
-        raise AssertionError("unreachable: _walls ends by raising")
+        instants = (_resolve(wall, self.tz) for wall in self._walls(start))
+        return next(instant for instant in instants if instant > after)
 
     def _walls(self, start: datetime) -> Iterator[datetime]:
         """Matching local wall-clock minutes from ``start`` on, in order."""
@@ -426,8 +414,9 @@ class crontab(BaseSchedule):
 class solar(BaseSchedule):
     """Run at a solar event (``sunrise``, ``dusk_civil``...) seen from latitude/longitude.
 
-    Needs the ``solar`` extra (``ephem``). Unlike Celery, where the sun does not rise or
-    set for a while (polar day or night), the next run is the event's next real occurrence.
+    Needs the ``solar`` extra (``ephem``); ``tz`` is stored but cannot move the sun. Unlike
+    Celery, where the sun does not rise or set for a while (polar day or night), the next
+    run is the event's next real occurrence, not a time to check again.
     """
 
     _type = "solar"
@@ -450,7 +439,7 @@ class solar(BaseSchedule):
                 raise TypeError(f"solar {name} must be a number, got {value!r}")
             if not -limit <= value <= limit:
                 raise ValueError(f"solar {name}: {value} is out of range {-limit}-{limit}")
-        _solar.ephem()  # fail at definition, naming the extra, if it is missing
+        _solar.require_ephem()  # fail at definition, naming the extra, if it is missing
         super().__init__(tz=tz, nowfun=nowfun)
         self.event, self.lat, self.lon = event, lat, lon
 

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
@@ -404,3 +405,53 @@ def test_solar_without_ephem_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(sys.modules, "ephem", None)
     with pytest.raises(ImportError, match=r"celeriac\[solar\]"):
         solar("sunrise", 0, 0)
+
+
+# -- an independent oracle around every 2026 transition of some awkward zones ----------------
+
+
+def _matches(s: crontab, wall: datetime) -> bool:
+    return (wall.minute in s.minute and wall.hour in s.hour and wall.day in s.day_of_month
+            and wall.month in s.month_of_year and wall.isoweekday() % 7 in s.day_of_week)
+
+
+def _oracle(s: crontab, start: datetime, end: datetime) -> list[datetime]:
+    """Walk real time minute by minute; fire when local time first reaches a match.
+
+    That is the module's rule restated: a repeated local time is reached once, and the
+    local times a gap skips are all reached at the instant after it.
+    """
+    fires, minute = [], timedelta(minutes=1)
+    reached = start.astimezone(s.tz).replace(tzinfo=None)
+    at = start
+    while (at := at + minute) <= end:
+        wall = at.astimezone(s.tz).replace(tzinfo=None)
+        new = (reached + minute * i for i in range(1, (wall - reached) // minute + 1))
+        if any(_matches(s, w) for w in new):
+            fires.append(at)
+        reached = max(reached, wall)
+    return fires
+
+
+def _transitions(zone: ZoneInfo) -> list[datetime]:
+    hours = [utc(2026, 1, 1) + timedelta(hours=h) for h in range(365 * 24)]
+    return [b for a, b in pairwise(hours)
+            if a.astimezone(zone).utcoffset() != b.astimezone(zone).utcoffset()]
+
+
+@pytest.mark.parametrize(
+    "zone", ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Santiago"])
+def test_crontab_matches_a_minute_by_minute_oracle(zone: str) -> None:
+    # Lord Howe moves its clocks by 30 minutes; Santiago at midnight, so 00:00 is skipped.
+    changes = _transitions(ZoneInfo(zone))
+    assert len(changes) == 2
+    for expression in ("*/15 * * * *", "30 2 * * *", "0 0 * * *", "*/20 1-3 * * *",
+                       "45 1 * * *", "15,45 22-23,0-2 * * *", "0 * * * *"):
+        s = crontab.from_string(expression, tz=zone)
+        for change in changes:
+            start, end = change - timedelta(hours=6), change + timedelta(hours=6)
+            got, at = [], s.next_run(start)
+            while at <= end:
+                got.append(at)
+                at = s.next_run(at)
+            assert got == _oracle(s, start, end), (expression, change)
