@@ -81,6 +81,8 @@ class Celeriac:
         """In a pool child whose broker lives in the worker's memory: where it publishes."""
         self._backend: ResultBackend | None = None
         self._events: EventDispatcher | None = None
+        self._periodic: dict[str, Any] = {}
+        """``add_periodic_task``'s entries (``celeriac.beat``), by name."""
         self._pid = os.getpid()
         signals.install(self)
         register_builtins(self)  # celery.map, celery.starmap: what canvas messages name
@@ -601,6 +603,26 @@ class Celeriac:
             priority = self.settings.task_default_priority
         message = Message(h, body, content_type, "utf-8", task_properties(task_id, priority))
         return message, queue or self.route(name), delay
+
+    # -- periodic tasks (celeriac.beat) ---------------------------------------------------
+    def add_periodic_task(self, schedule: Any, sig: Any, args: Sequence[Any] = (),
+                          kwargs: Mapping[str, Any] | None = None, name: str | None = None,
+                          **options: Any) -> str:
+        """Celery's ``add_periodic_task``: run ``sig`` (a signature, a task or a task
+        name, with ``args``/``kwargs``) on ``schedule``; returns the entry's name."""
+        from .beat.entries import from_periodic
+
+        entry = from_periodic(schedule, sig, args, kwargs, name, options)
+        self._periodic[entry.name] = entry
+        return entry.name
+
+    @property
+    def beat(self) -> Any:
+        """``celeriac.beat.BeatAPI``: list, add, remove, enable, disable, run entries in
+        the shared store, at runtime."""
+        from .beat.api import api_for
+
+        return api_for(self)
 
     # -- worker ---------------------------------------------------------------------------
     def worker(self, **options: Any) -> Worker:

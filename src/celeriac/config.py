@@ -75,9 +75,12 @@ HARMLESS: dict[str, str] = {
         "result_accept_content"],
         "celeriac's worker does this its own way (see the README's Coming from Celery)"),
     **dict.fromkeys([
-        "beat_cron_starting_deadline", "beat_enable_remote_control", "beat_max_loop_interval",
-        "beat_remote_control_max_tick_age", "beat_schedule_filename", "beat_sync_every"],
-        "kept for celeriac beat's settings; unused until then"),
+        "beat_cron_starting_deadline", "beat_enable_remote_control",
+        "beat_remote_control_max_tick_age", "beat_sync_every"],
+        "celeriac beat keeps its state in the shared store and is changed there "
+        "(app.beat, `celeriac beat add|remove|enable|disable`)"),
+    "beat_schedule_filename": "celeriac beat keeps its state in the broker's or result "
+                              "backend's store, not in a local file",
     **dict.fromkeys([
         "result_chord_expires", "result_chord_join_timeout", "result_chord_retry_interval",
         "task_allow_error_cb_on_chord_header"],

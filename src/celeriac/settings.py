@@ -85,7 +85,19 @@ class Settings:
     imports: tuple[str, ...] = ()
     """Celery's other name for ``include``: imported too."""
     beat_schedule: Mapping[str, Any] = field(default_factory=dict)
-    """Periodic tasks, in Celery's form (for celeriac beat)."""
+    """Periodic tasks, in Celery's form: ``{"name": {"task": "proj.add", "schedule":
+    crontab(...) | 30.0 | timedelta(...), "args": (...), "kwargs": {...}, "options":
+    {...}}}``; read by ``celeriac beat`` and ``worker -B`` (``celeriac.beat``)."""
+    beat_max_loop_interval: float = 5.0
+    """Longest sleep of a beat's loop (seconds): how soon it notices entries changed at
+    runtime. Celery's 0 means this default."""
+    beat_lease_timeout: float = 10.0
+    """The leading beat's lease lasts this long (seconds) and is renewed every third of
+    it; a beat silent this long is replaced by another one."""
+    beat_missed_runs: str = "once"
+    """After an outage: ``once`` (one run for all missed windows, Celery's behaviour),
+    ``all`` (each window, at most 1,000) or ``skip``; entries may override it with
+    ``options={"missed_runs": ...}``."""
     timezone: str | None = None
     """The time zone of crontab schedules (for celeriac beat); None: UTC."""
     enable_utc: bool = True
@@ -202,6 +214,18 @@ class Settings:
                 "events_buffer_limit and events_offline_buffer must be >= 1, got "
                 f"{self.events_buffer_limit!r} and {self.events_offline_buffer!r}"
             )
+        if self.beat_max_loop_interval < 0:
+            raise ConfigurationError(
+                f"beat_max_loop_interval must be >= 0, got {self.beat_max_loop_interval!r}")
+        if self.beat_max_loop_interval == 0:  # Celery's "the scheduler's default"
+            object.__setattr__(self, "beat_max_loop_interval", 5.0)
+        if self.beat_lease_timeout <= 0:
+            raise ConfigurationError(
+                f"beat_lease_timeout must be > 0, got {self.beat_lease_timeout!r}")
+        if self.beat_missed_runs not in ("once", "all", "skip"):
+            raise ConfigurationError(
+                "beat_missed_runs must be 'once', 'all' or 'skip', got "
+                f"{self.beat_missed_runs!r}")
         if self.max_message_size < 1:
             raise ConfigurationError(
                 f"max_message_size must be >= 1, got {self.max_message_size!r}"

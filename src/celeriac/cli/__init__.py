@@ -12,6 +12,7 @@ import click
 
 from ..__about__ import __version__
 from ..errors import CeleriacError
+from .beat import beat
 from .dashboard import dashboard
 from .dead import dead
 from .events import events
@@ -41,6 +42,6 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
     ctx.obj = AppLoader(app_spec)
 
 
-for _command in (worker, call, result, purge, dead, events, dashboard, report,
+for _command in (worker, beat, call, result, purge, dead, events, dashboard, report,
                  shell, multi):
     main.add_command(_command)

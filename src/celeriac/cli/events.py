@@ -229,6 +229,12 @@ def render(state: ClusterState, height: int) -> RenderableType:
     per_s, _ = state.throughput()
     head = Text.assemble(("celeriac events", "bold"), f"  {state.event_count} events, "
                          f"{state.task_count} tasks, {per_s:.1f} tasks/s   ", ("q: quit", "dim"))
+    if state.beat_leader or state.beat_sent:
+        last = max(state.beat_sent.values(), key=lambda e: e.get("timestamp") or 0,
+                   default=None)
+        head.append(f"\nbeat: {state.beat_leader or 'no leader heard'} leads; "
+                    f"{len(state.beat_sent)} entries sent" +
+                    (f", last {last.get('entry')} (due {last.get('due')})" if last else ""))
     workers = Table(expand=True, title="workers", title_justify="left")
     for col in ("worker", "status", "active", "processed", "load", "heard from"):
         workers.add_column(col, justify="right" if col in ("active", "processed") else "left")

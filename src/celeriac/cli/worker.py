@@ -89,6 +89,8 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--soft-time-limit", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("-E", "--task-events", is_flag=True, default=None,
               help="Send task events (for `celeriac events` and the dashboard).")
+@click.option("-B", "--beat", is_flag=True, default=False,
+              help="Also run a beat (periodic tasks) in this worker.")
 @click.option("--without-heartbeat", is_flag=True, default=False,
               help="Send no worker-online/-heartbeat/-offline events.")
 @click.pass_obj
@@ -97,7 +99,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
            autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
            time_limit: float | None, soft_time_limit: float | None,
-           task_events: bool | None, without_heartbeat: bool) -> None:
+           task_events: bool | None, beat: bool, without_heartbeat: bool) -> None:
     """Start a worker that executes tasks.
 
     In -n, --logfile and --pidfile: %h host name, %n name (w1 of w1@host), %d domain,
@@ -133,7 +135,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
         queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
         w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list,
                    pool=pool, autoscale=autoscale, task_events=task_events or None,
-                   heartbeat=False if without_heartbeat else None)
+                   heartbeat=False if without_heartbeat else None, beat=beat)
         code = w.run()
     finally:
         if lock is not None:

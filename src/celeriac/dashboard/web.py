@@ -10,6 +10,8 @@
                         ``progress_text`` and ``progress_ratio``
 ``/api/tasks/<uuid>``   one task, traceback included (404 when unknown)
 ``/api/queues``         queue lengths, read now
+``/api/beat``           beat: its entries (schedule, enabled, last and next run), the
+                        leading beat (from the store), the last ``beat-sent`` events
 ``/api/stats``          counts by state, throughput history, cluster statistics
 ``/api/events``         ``text/event-stream``: ``tick`` (workers, counts, queues, the
                         last seconds of throughput) every second, ``tasks`` (changed
@@ -23,6 +25,7 @@ under a path prefix.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -38,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..errors import CeleriacError
 from ..events import ClusterState
 from .metrics import registry_for
 from .monitor import Monitor, task_summary, task_view
@@ -161,6 +165,19 @@ class Views:
             "cluster": self.state.stats(),
         })
 
+    async def beat(self, request: Request) -> Response:
+        def read() -> dict[str, Any]:
+            api = self.monitor.app.beat
+            return {"entries": api.list(), "leader": api.leader()}
+
+        try:
+            out = await asyncio.to_thread(read)
+        except CeleriacError as exc:
+            out = {"entries": [], "leader": None, "error": str(exc)}
+        out["leader_heard"] = self.state.beat_leader
+        out["sent"] = list(self.state.beat_sent.values())
+        return JSON(out)
+
     async def metrics(self, request: Request) -> Response:
         # within a scrape's usual timeout; a queue that cannot be read has no sample
         await self.monitor.refresh_queues(timeout=3.0)
@@ -216,6 +233,7 @@ def create_app(app: Celeriac, *, state: ClusterState | None = None,
         Route("/api/tasks/{uuid}", views.task),
         Route("/api/queues", views.queues),
         Route("/api/stats", views.stats),
+        Route("/api/beat", views.beat),
         Route("/api/events", StreamEndpoint(monitor)),
         Route("/metrics", views.metrics),
     ]

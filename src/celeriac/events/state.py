@@ -180,6 +180,10 @@ class ClusterState:
         self._by_state: dict[str, dict[str, None]] = {}
         self._types: set[str] = set()
         self._stats = TaskStats()
+        self.beat_leader: str | None = None
+        """The beat that said last that it leads (``beat-leader``), while it does."""
+        self.beat_sent: dict[str, Event] = {}
+        """The last ``beat-sent`` event of each beat entry."""
 
     # -- applying events ----------------------------------------------------------------
     def event(self, event: Event) -> None:
@@ -193,6 +197,13 @@ class ClusterState:
             self._task_event(type_, event)
         elif type_.startswith("worker-"):
             self._worker_event(type_[7:], event)
+        elif type_ == "beat-sent" and isinstance(event.get("entry"), str):
+            self.beat_sent[event["entry"]] = event
+        elif type_ == "beat-leader" and isinstance(event.get("beat"), str):
+            if event.get("leading"):
+                self.beat_leader = event["beat"]
+            elif self.beat_leader == event["beat"]:
+                self.beat_leader = None
 
     def _worker(self, hostname: str) -> WorkerState:
         worker = self.workers.get(hostname)

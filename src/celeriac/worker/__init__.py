@@ -47,6 +47,7 @@ class Worker:
         task_events: bool | None = None,
         heartbeat: bool | None = None,
         install_signal_handlers: bool = True,
+        beat: bool = False,
     ) -> None:
         pool = pool or app.settings.worker_pool
         if pool not in POOLS:
@@ -87,6 +88,13 @@ class Worker:
             # worker-offline after the pool is done.
             first, *rest = DEFAULT_STEPS
             steps = (first, EventsStep, Heart, *rest, *((Autoscaler,) if autoscale else ()))
+        if beat:
+            # -B: a beat on this worker's Timer (celeriac.beat); its store is checked now.
+            from ..beat.step import BeatStep
+            from ..beat.store import store_url
+
+            store_url(app.settings)
+            steps = (*steps, BeatStep)
         self.blueprint = Blueprint(steps)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers

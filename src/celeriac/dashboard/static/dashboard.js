@@ -247,6 +247,25 @@
       return tr;
     }));
   }
+  // Beat: entries from the shared store (/api/beat), every 5 s; hidden without any.
+  async function loadBeat() {
+    let d;
+    try { d = await api("api/beat"); } catch (e) { return; }
+    const entries = d.entries || [];
+    $("beat-panel").hidden = entries.length === 0;
+    $("beat-leader").textContent = d.leader ? "leader: " + d.leader.beat : "no beat leads";
+    $("beat").tBodies[0].replaceChildren(...entries.map((b) => {
+      const tr = document.createElement("tr");
+      tr.dataset.entry = b.name;
+      tr.append(el("td", b.name, "mono"));
+      tr.append(el("td", b.task, "mono"));
+      tr.append(el("td", b.schedule));
+      tr.append(el("td", b.enabled ? "yes" : "no"));
+      tr.append(el("td", b.last_run ? new Date(b.last_run).toLocaleString() : "-"));
+      tr.append(el("td", b.next_run ? new Date(b.next_run).toLocaleString() : "-"));
+      return tr;
+    }));
+  }
   function renderCounts(counts) {
     const total = Object.values(counts).reduce((a, b) => a + b, 0);
     $("t-tasks").textContent = total;
@@ -415,6 +434,8 @@
     setInterval(() => { serverTime = Date.now() / 1000 + skew; renderWorkers(); }, 1000);
     connect();
     loadHistory();
+    loadBeat();
+    setInterval(loadBeat, 5000);
     fromHash();
   }
   start();

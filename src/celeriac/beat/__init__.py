@@ -1,0 +1,17 @@
+"""Periodic tasks: ``celeriac beat``, any number of them, sending each due time once.
+
+- ``entries``: ``BeatEntry`` and Celery's ``beat_schedule`` dict form;
+- ``store``: the ``BeatStore`` interface (lease, run-key claims, entries) and which
+  store an app uses; ``stores/``: memory, Redis, PostgreSQL, SQLite;
+- ``service``: ``Beat``, the scheduler's tick; ``runner``: it on a Timer;
+  ``step``: ``worker -B``; ``api``: ``app.beat``.
+"""
+
+from __future__ import annotations
+
+from .api import BeatAPI
+from .entries import BeatEntry, parse_entry
+from .service import Beat
+from .store import BeatStore, open_store
+
+__all__ = ["Beat", "BeatAPI", "BeatEntry", "BeatStore", "open_store", "parse_entry"]

@@ -1,0 +1,1 @@
+"""One module per store: ``memory``, ``redis``, ``postgres``, ``sqlite``."""
