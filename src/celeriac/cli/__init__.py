@@ -15,6 +15,7 @@ from ..errors import CeleriacError
 from .dashboard import dashboard
 from .dead import dead
 from .events import events
+from .health import health
 from .loader import AppLoader
 from .multi import multi
 from .report import report
@@ -44,3 +45,4 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 for _command in (worker, call, result, purge, dead, events, dashboard, report,
                  shell, multi):
     main.add_command(_command)
+main.add_command(health)
