@@ -108,6 +108,7 @@ class Gossip(Step):
         self.store: SharedStore | None = None
         self.runner = StoreRunner("celeriac-gossip")
         self._round: asyncio.Task[None] | None = None
+        self.loop = asyncio.get_running_loop()
         self.receiver = EventReceiver(w.app, {"*": self.live_set.event})
         await self.receiver.open()  # events sent after this are seen
         self._follow = asyncio.get_running_loop().create_task(self._run())
@@ -133,12 +134,21 @@ class Gossip(Step):
 
     # -- elections ----------------------------------------------------------------------
     def election(self, name: str) -> bool:
-        """Stand in the election ``name`` from now on; True while this worker leads."""
+        """Stand in the election ``name`` from now on; True while this worker leads.
+        Never blocks; callable from any thread of the worker's process (its loop, the
+        solo pool's thread, a hook), not from a prefork child."""
         campaign = self.campaigns.get(name)
         if campaign is None:
             self._store()  # no store: ConfigurationError now, in the caller
-            campaign = self.campaigns[name] = Campaign(name)
-            self._campaign()
+            campaign = self.campaigns.setdefault(name, Campaign(name))
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is self.loop:
+                self._campaign()
+            else:
+                self.loop.call_soon_threadsafe(self._campaign)
         return time.monotonic() < campaign.leader_until
 
     async def elect(self, name: str) -> bool:
@@ -161,7 +171,7 @@ class Gossip(Step):
     def _campaign(self) -> None:
         # One round at a time: a slow store must not pile requests up.
         if self.campaigns and (self._round is None or self._round.done()):
-            self._round = asyncio.get_running_loop().create_task(self._renew())
+            self._round = self.loop.create_task(self._renew())
 
     async def _renew(self) -> None:
         store, owner = self._store(), self.worker.id
