@@ -23,7 +23,7 @@ def doubly(self: Any, i: int) -> tuple[float, str]:
     return time.time(), self.request.hostname
 
 
-@app.task
+@app.task(track_started=True)
 def nap(seconds: float) -> str:
     time.sleep(seconds)
     return "rested"

@@ -78,6 +78,10 @@ class PostgresStore(SharedStore):
         self._q_holder = sql.SQL("SELECT owner FROM {} WHERE name = %s AND expires > {now}"
                                  ).format(le, now=now)
         self._local = threading.local()
+        self._conns: list[tuple[int, Conn]] = []
+        """Every connection opened (pid, connection): ``close`` closes this process's,
+        those of threads that have ended included."""
+        self._lock = threading.Lock()
         self._ready = False
 
     def _conn(self) -> Conn:
@@ -97,6 +101,9 @@ class PostgresStore(SharedStore):
                     conn.execute(statement)
             self._ready = True
         self._local.conn, self._local.pid = conn, os.getpid()
+        with self._lock:
+            self._conns = [(p, c) for p, c in self._conns if not c.closed]
+            self._conns.append((os.getpid(), conn))
         return conn
 
     def _execute(self, query: sql.Composed, params: Any) -> list[tuple[Any, ...]]:
@@ -138,7 +145,9 @@ class PostgresStore(SharedStore):
         return str(rows[0][0]) if rows else None
 
     def close(self) -> None:
-        conn: Conn | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            conn.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for pid, conn in conns:
+            if pid == os.getpid():  # a forked child must not end its parent's sessions
+                conn.close()
         self._local = threading.local()
