@@ -87,5 +87,5 @@ def test_pidfile_must_name_the_same_process(tmp_path: Path) -> None:
     with pytest.raises(Unhealthy, match="names 1"):
         check(str(path), 10, str(pidfile))
     pidfile.unlink()
-    with pytest.raises(Unhealthy, match="pid file .* is missing"):
+    with pytest.raises(Unhealthy, match=r"pid file .* is missing"):
         check(str(path), 10, str(pidfile))
