@@ -236,6 +236,7 @@ class Celeriac:
         time_limit: float | None = ..., soft_time_limit: float | None = ...,
         ignore_result: bool | None = ..., expires: float | timedelta | datetime | None = ...,
         serializer: str | None = ..., track_started: bool | None = ...,
+        rate_limit: str | float | None = ..., global_rate_limit: str | float | None = ...,
     ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
     @overload
@@ -249,6 +250,7 @@ class Celeriac:
         time_limit: float | None = ..., soft_time_limit: float | None = ...,
         ignore_result: bool | None = ..., expires: float | timedelta | datetime | None = ...,
         serializer: str | None = ..., track_started: bool | None = ...,
+        rate_limit: str | float | None = ..., global_rate_limit: str | float | None = ...,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -650,6 +652,13 @@ def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
             parse_rate(options["rate_limit"])
         except ValueError as exc:
             raise ConfigurationError(f"task {name!r}: rate_limit: {exc}") from None
+    if options.get("global_rate_limit") is not None:
+        from .worker.ratelimit import parse_rate
+
+        try:
+            parse_rate(options["global_rate_limit"])
+        except ValueError as exc:
+            raise ConfigurationError(f"task {name!r}: global_rate_limit: {exc}") from None
     autoretry = options.get("autoretry_for")
     if isinstance(autoretry, list):
         options["autoretry_for"] = tuple(autoretry)

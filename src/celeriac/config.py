@@ -397,7 +397,8 @@ def _route_result(task: str, target: Any) -> str | None:
 ANNOTATABLE = frozenset({
     "rate_limit", "time_limit", "soft_time_limit", "max_retries", "default_retry_delay",
     "acks_late", "ignore_result", "track_started", "serializer", "priority", "queue",
-    "autoretry_for", "retry_backoff", "retry_backoff_max", "retry_jitter", "expires"})
+    "autoretry_for", "retry_backoff", "retry_backoff_max", "retry_jitter", "expires",
+    "global_rate_limit"})
 
 
 def annotators(value: Any) -> tuple[Callable[[str], Mapping[str, Any]], ...]:

@@ -131,6 +131,8 @@ class Settings:
     """Send ``worker-online``/``-heartbeat``/``-offline`` (``--without-heartbeat``: off)."""
     worker_heartbeat_interval: float = 2.0
     """Seconds between ``worker-heartbeat`` events; monitors expire a worker after 2x."""
+    worker_health_interval: float = 5.0
+    """Seconds between touches of ``--health-file`` by the worker's loop."""
     task_send_sent_event: bool = False
     """Producers send a ``task-sent`` event for every message they publish."""
     events_hide_args: bool = False
@@ -208,6 +210,10 @@ class Settings:
         if self.worker_heartbeat_interval <= 0:
             raise ConfigurationError(
                 f"worker_heartbeat_interval must be > 0, got {self.worker_heartbeat_interval!r}"
+            )
+        if self.worker_health_interval <= 0:
+            raise ConfigurationError(
+                f"worker_health_interval must be > 0, got {self.worker_health_interval!r}"
             )
         if self.events_buffer_limit < 1 or self.events_offline_buffer < 1:
             raise ConfigurationError(

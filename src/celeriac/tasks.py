@@ -104,6 +104,9 @@ class TaskOptions:
     rate_limit: str | float | None = None
     """Celery's syntax: ``"10/s"``, ``"100/m"``, ``"1000/h"`` or a number per second;
     per worker and task name. None: ``task_default_rate_limit``."""
+    global_rate_limit: str | float | None = None
+    """The same syntax, one limit shared by every worker of the cluster, enforced
+    through the broker's or result backend's store (``worker/globalrate.py``)."""
 
 
 class Task(Generic[P, R]):

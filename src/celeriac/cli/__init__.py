@@ -16,6 +16,7 @@ from .beat import beat
 from .dashboard import dashboard
 from .dead import dead
 from .events import events
+from .health import health
 from .loader import AppLoader
 from .multi import multi
 from .report import report
@@ -45,3 +46,4 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 for _command in (worker, beat, call, result, purge, dead, events, dashboard, report,
                  shell, multi):
     main.add_command(_command)
+main.add_command(health)

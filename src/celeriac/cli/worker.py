@@ -77,6 +77,11 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--pidfile", default=None,
               help="Write the pid here, e.g. %n.pid; refuse to start if it names a "
                    "running process.")
+@click.option("--health-file", default=None,
+              help="Touch this file every worker_health_interval seconds while the "
+                   "worker's loop turns (for `celeriac health`), e.g. %n.health.")
+@click.option("--without-gossip", is_flag=True, default=False,
+              help="Do not follow other workers (no live set, no elections).")
 @click.option("-P", "--pool", type=click.Choice(sorted(POOLS)), default=None,
               help="Execution pool (default: worker_pool setting, prefork).")
 @click.option("--autoscale", callback=_autoscale, default=None, metavar="MAX,MIN",
@@ -99,7 +104,8 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
            autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
            time_limit: float | None, soft_time_limit: float | None,
-           task_events: bool | None, beat: bool, without_heartbeat: bool) -> None:
+           task_events: bool | None, beat: bool, without_heartbeat: bool,
+           health_file: str | None = None, without_gossip: bool = False) -> None:
     """Start a worker that executes tasks.
 
     In -n, --logfile and --pidfile: %h host name, %n name (w1 of w1@host), %d domain,
@@ -135,7 +141,9 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
         queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
         w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list,
                    pool=pool, autoscale=autoscale, task_events=task_events or None,
-                   heartbeat=False if without_heartbeat else None, beat=beat)
+                   heartbeat=False if without_heartbeat else None, beat=beat,
+                   gossip=not without_gossip,
+                   health_file=expand(health_file, hostname, "--health-file"))
         code = w.run()
     finally:
         if lock is not None:

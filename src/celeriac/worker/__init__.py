@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
+from .gossip import Gossip
+from .health import HealthFile
 from .heart import EventsStep, Heart
 from .pool import POOLS
 from .steps import DEFAULT_STEPS, ConsumerStep
@@ -47,6 +49,8 @@ class Worker:
         task_events: bool | None = None,
         heartbeat: bool | None = None,
         install_signal_handlers: bool = True,
+        gossip: bool = True,
+        health_file: str | None = None,
         beat: bool = False,
     ) -> None:
         pool = pool or app.settings.worker_pool
@@ -82,12 +86,20 @@ class Worker:
         self.heartbeat = settings.worker_enable_heartbeat if heartbeat is None else heartbeat
         self.events: EventDispatcher | None = None
         """Set by ``EventsStep`` while the worker runs, if it sends any events."""
+        self.gossip: Gossip | None = None
+        """Set by the ``Gossip`` step (``--without-gossip``: None): ``live``, ``election``."""
+        self.health_file = health_file
+        """``--health-file``: the ``HealthFile`` step touches it while the loop turns."""
         if steps is None:
             # EventsStep and Heart first after the Timer: the dispatcher is up before the
             # consumer sends task events and, stopping in reverse, Heart sends
             # worker-offline after the pool is done.
             first, *rest = DEFAULT_STEPS
             steps = (first, EventsStep, Heart, *rest, *((Autoscaler,) if autoscale else ()))
+            # The health file is touched from right after the Timer until right before
+            # it stops (a warm stop waiting for tasks is alive); Gossip starts last and
+            # stops first, so a stopping leader resigns at once.
+            steps = (first, HealthFile, *steps[1:], *((Gossip,) if gossip else ()))
         if beat:
             # -B: a beat on this worker's Timer (celeriac.beat); its store is checked now.
             from ..beat.step import BeatStep

@@ -94,6 +94,7 @@ class Consumer:
         self.admission = Admission(self.app)
         # Parses every task's rate limit now: a bad one stops the worker at its start.
         self.limiter = RateLimiter(self.app, worker.timer, self._rate_due)
+        self.limiter.room = lambda: pool.free_slots() + pool.queue_slots()
 
     @property
     def prefetch_limit(self) -> int:
@@ -161,6 +162,7 @@ class Consumer:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
+        self.limiter.close()
 
     def _guard(self) -> float:
         # How long stopping waits for an exchange in flight: a broker that neither

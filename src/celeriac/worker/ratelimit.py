@@ -27,7 +27,9 @@ from ..protocol import parse_time, utcnow
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..coordination import SharedStore
     from .execute import Job
+    from .globalrate import SharedTokens, StoreRunner
 
 logger = logging.getLogger("celeriac.worker.ratelimit")
 
@@ -129,12 +131,16 @@ class Scheduler(Protocol):
 class Limit:
     """One task name's bucket and the jobs it holds, oldest first."""
 
-    __slots__ = ("bucket", "entry", "held", "name")
+    __slots__ = ("bucket", "entry", "held", "name", "shared")
 
     def __init__(self, name: str, bucket: TokenBucket | None) -> None:
         self.name = name
         self.bucket = bucket
-        """None once the limit was lifted while jobs were held: they leave untimed."""
+        """None once the limit was lifted while jobs were held: they leave untimed (or
+        when the task has only a ``global_rate_limit``)."""
+        self.shared: SharedTokens | None = None
+        """The task's ``global_rate_limit`` (globalrate.py): a job needs one of its
+        tokens too."""
         self.held: deque[Job] = deque()
         self.entry: Cancellable | None = None
         """The Timer call that makes this limit due, while one is pending."""
@@ -186,6 +192,13 @@ class RateLimiter:
         self.passes: set[int] = set()
         """Seqs of jobs that hold their token already (released, or handed back by the
         pool unstarted): ``admit`` lets them through."""
+        self.settings = settings
+        self.room: Callable[[], int] = lambda: 1 << 30
+        """How many jobs the pool could take now (the consumer sets it): global tokens
+        are asked for only as many jobs as could start."""
+        self._shared: dict[str, SharedTokens | None] = {}
+        self._store: SharedStore | None = None
+        self._runner: StoreRunner | None = None
         if self.disabled:
             return
         # Every registered task's limit now, so that a bad value stops the worker at
@@ -203,13 +216,40 @@ class RateLimiter:
 
     def _make(self, name: str, option: str | float | None) -> Limit | None:
         rate = parse_rate(option) if option is not None else self.default
-        if rate is None:
+        shared = self._shared_for(name)
+        if rate is None and shared is None:
             return None
         limit = self._made.get(name)
         if limit is None:
             limit = self._made[name] = Limit(name, None)
-        limit.bucket = TokenBucket(rate, clock=self.clock)
+        limit.bucket = TokenBucket(rate, clock=self.clock) if rate is not None else None
+        limit.shared = shared
         return limit
+
+    def _shared_for(self, name: str) -> SharedTokens | None:
+        """The task's global limit (made once: its tokens outlive a ``set_rate``)."""
+        if name in self._shared:
+            return self._shared[name]
+        task = self.tasks.get(name)
+        option = getattr(getattr(task, "options", None), "global_rate_limit", None)
+        try:
+            rate = parse_rate(option)
+        except ValueError as exc:
+            raise ValueError(f"global_rate_limit: {exc}") from None
+        shared = None
+        if rate is not None:
+            from ..coordination import store_for
+            from .globalrate import SharedTokens, StoreRunner
+
+            if self._store is None:
+                self._store = store_for(self.settings, f"task {name!r}: global_rate_limit")
+                self._runner = StoreRunner("celeriac-globalrate")
+            assert self._runner is not None
+            shared = SharedTokens(name, rate, self._store, self._runner, self.timer)
+            logger.info("%s: global rate limit %g/s through the %s store (batches of %d)",
+                        name, rate, self._store.kind, shared.capacity)
+        self._shared[name] = shared
+        return shared
 
     def _compute(self, name: str) -> Limit | None:
         # A name seen after the start: an unknown one (refused before it gets here) or
@@ -229,10 +269,14 @@ class RateLimiter:
         if self.passes and job.seq in self.passes:
             self.passes.discard(job.seq)
             return True
-        bucket = limit.bucket
+        bucket, shared = limit.bucket, limit.shared
         # Behind jobs of its task already held, a job waits even if a token is there:
-        # the order within a task name is kept.
-        if not limit.held and (bucket is None or bucket.can_consume()):
+        # the order within a task name is kept. The shared token is looked at first and
+        # taken last: a job that finds no local token must not spend a global one.
+        if not limit.held and (shared is None or shared.available()) and \
+                (bucket is None or bucket.can_consume()):
+            if shared is not None:
+                shared.take()
             return True
         limit.held.append(job)
         self.held += 1
@@ -262,8 +306,13 @@ class RateLimiter:
                     expired.append(limit.held.popleft())
                     self.held -= 1
                     continue
+                shared = limit.shared
+                if shared is not None and not shared.available():
+                    break
                 if bucket is not None and not bucket.can_consume():
                     break
+                if shared is not None:
+                    shared.take()
                 limit.held.popleft()
                 self.held -= 1
                 self.passes.add(job.seq)
@@ -302,8 +351,27 @@ class RateLimiter:
 
     # -- the timer ----------------------------------------------------------------------
     def _schedule(self, limit: Limit) -> None:
+        shared = limit.shared
+        if shared is not None and not shared.available():
+            # Global tokens first; when they come, the local wait (if any) follows.
+            want = min(len(limit.held), self.room())
+            shared.request(want, lambda: self._shared_done(limit))
+            return
         wait = limit.bucket.expected_time() if limit.bucket is not None else 0.0
         limit.entry = self.timer.call_after(max(wait, MIN_WAIT), self._due, limit)
+
+    def _shared_done(self, limit: Limit) -> None:
+        # Tokens came (or it is time to ask again): go on unless something else already
+        # took charge of this limit (a release, a rearm) or nothing is held any more.
+        if limit.held and limit.entry is None and limit not in self.due:
+            self._schedule(limit)
+
+    def close(self) -> None:
+        """Stop the shared store's thread and close its connections."""
+        if self._runner is not None:
+            self._runner.close()
+        if self._store is not None:
+            self._store.close()
 
     def _due(self, limit: Limit) -> None:
         limit.entry = None
@@ -327,7 +395,8 @@ class RateLimiter:
             return None
         limit = self._made.get(task_name)
         if per_second is None:
-            self.limits[task_name] = None
+            # A global limit stays: it is the cluster's, not this worker's to lift.
+            self.limits[task_name] = limit if limit is not None and limit.shared else None
             if limit is not None:
                 # Held jobs leave without tokens, still ahead of newer ones.
                 limit.bucket = None

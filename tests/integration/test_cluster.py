@@ -1,0 +1,125 @@
+"""Gossip between real worker processes on Redis: two workers see each other join and
+leave (one log line each), exactly one wins the election "singleton", and when it is
+killed with ``kill -9`` the other takes over once the lease runs out. And the health
+probe: green while a worker runs a long task (its loop is free), red once it is killed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from celeriac import Celeriac, Settings
+from celeriac.testing import WorkerProcess, wait_until
+from tests.contracts.conftest import _drop_redis_namespace
+from tests.integration import cluster_tasks as t
+from tests.services import require
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parent.parent.parent
+HEARTBEAT = 0.5
+"""Seconds between heartbeats: a silent worker leaves after 1 s, a lease lasts 1 s."""
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    url = f"{require('redis')}?namespace=cl{uuid.uuid4().hex[:12]}"
+    yield {"CELERIAC_BROKER_URL": url, "CELERIAC_RESULT_BACKEND": url,
+           "CELERIAC_WORKER_LEASE_TIMEOUT": "2.0",
+           "CELERIAC_WORKER_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+           "CELERIAC_WORKER_HEALTH_INTERVAL": "0.2", "PYTHONPATH": str(ROOT)}
+    _drop_redis_namespace(url)
+
+
+@pytest.fixture
+def app(env: dict[str, str]) -> Iterator[Celeriac]:
+    before = t.app.settings
+    t.app.close()
+    t.app.settings = Settings.from_env(env)
+    yield t.app
+    t.app.close()
+    t.app.settings = before
+
+
+@pytest.fixture
+def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(name: str, *args: str, wait_ready: bool = True) -> WorkerProcess:
+        w = WorkerProcess("tests.integration.cluster_tasks", "-n", f"{name}@%h", "-c", "1",
+                          *args, env=env, cwd=str(tmp_path))
+        started.append(w)
+        return w.start(wait_ready=wait_ready)
+
+    yield start
+    for w in started:
+        w.kill()
+
+
+def test_two_workers_see_each_other_join_and_leave(
+        start_worker: Callable[..., WorkerProcess]) -> None:
+    a = start_worker("a")
+    b = start_worker("b")
+    a.wait_for_log(r"b@\S+ joined \(1 other", 10)
+    b.wait_for_log(r"a@\S+ joined \(1 other", 10)
+    assert b.stop() == 0
+    a.wait_for_log(r"b@\S+ left \(offline", 10)
+    c = start_worker("c")
+    a.wait_for_log(r"c@\S+ joined", 10)
+    c.kill()  # kill -9: no worker-offline; its heartbeats stop
+    match = a.wait_for_log(r"c@\S+ left \(no heartbeat for ([\d.]+)s", 10)
+    assert 2 * HEARTBEAT <= float(match.group(1)) <= 2 * HEARTBEAT + 1.5
+    assert len(re.findall(r"b@\S+ joined", a.log)) == 1  # one line per join
+
+
+def test_one_worker_wins_the_election_and_the_other_takes_over_after_kill_9(
+        start_worker: Callable[..., WorkerProcess]) -> None:
+    a, b = start_worker("a"), start_worker("b")
+    won = r"won election 'singleton'"
+    leader = wait_until(lambda: next((w for w in (a, b) if re.search(won, w.log)), None),
+                        10, message="a leader")
+    other = b if leader is a else a
+    # Through several renewals the leader keeps the lease and the other waits.
+    watch_until = time.monotonic() + 4 * HEARTBEAT
+    while time.monotonic() < watch_until:
+        assert won not in other.log and "lost election" not in leader.log
+        time.sleep(0.05)
+    killed = time.monotonic()
+    leader.signal(signal.SIGKILL)
+    other.wait_for_log(won, 10)
+    took = time.monotonic() - killed
+    print(f"take-over {took:.2f}s after kill -9 (lease {2 * HEARTBEAT}s)")
+    assert took <= 2 * HEARTBEAT + 2.0
+
+
+def health(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "celeriac", "health", "--health-file",
+                           str(path), "--max-age", "1.5"], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_health_is_green_during_a_long_task_and_red_after_kill_9(
+        app: Celeriac, start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+    path = tmp_path / "w.health"
+    w = start_worker("w", "--health-file", str(path), "--without-gossip")
+    result = t.nap.delay(4.0)
+    wait_until(lambda: result.state == "STARTED", 10)
+    checks = 0
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and result.state != "SUCCESS":
+        probe = health(path)
+        assert probe.returncode == 0, probe.stderr
+        checks += 1
+    assert checks >= 2 and result.state != "SUCCESS"  # all while the task was running
+    w.signal(signal.SIGKILL)
+    probe = wait_until(lambda: (p := health(path)).returncode == 1 and p, 10)
+    assert "is not running" in probe.stderr
