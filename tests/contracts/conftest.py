@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,30 @@ def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transp
     if request.param == "redis":
         _drop_redis_namespace(factory.url)
     elif request.param == "amqp":
-        _drop_amqp_namespace(factory.url)
+        # A few hundred delete round trips (a queue's 31 delay levels): done beside the
+        # next tests rather than in front of them; each test has its own namespace.
+        _CLEANUPS.append(_cleaner().submit(_drop_amqp_namespace, factory.url))
+
+
+_CLEANER: list[ThreadPoolExecutor] = []
+_CLEANUPS: list[Future[None]] = []
+
+
+def _cleaner() -> ThreadPoolExecutor:
+    if not _CLEANER:
+        _CLEANER.append(ThreadPoolExecutor(1, thread_name_prefix="amqp-cleanup"))
+    return _CLEANER[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _amqp_cleanups_finish() -> Iterator[None]:
+    """Every namespace handed to the cleanup thread is gone before the session ends; a
+    cleanup that failed fails the run here."""
+    yield
+    for pool in _CLEANER:
+        pool.shutdown(wait=True)
+    for done in _CLEANUPS:
+        done.result()
 
 
 _AMQP_NAMES = ("contract", "a", "b", "other", "keep", "warm-up", "celeriac.dead", "events",
