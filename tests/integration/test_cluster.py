@@ -11,58 +11,42 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from celeriac import Celeriac, Settings
+from celeriac import Celeriac
 from celeriac.testing import WorkerProcess, wait_until
-from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration import cluster_tasks as t
-from tests.services import require
+from tests.integration.support import bound, redis_env, workers
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parent.parent.parent
+from tests.integration.support import ROOT
+
 HEARTBEAT = 0.5
 """Seconds between heartbeats: a silent worker leaves after 1 s, a lease lasts 1 s."""
 
 
 @pytest.fixture
 def env() -> Iterator[dict[str, str]]:
-    url = f"{require('redis')}?namespace=cl{uuid.uuid4().hex[:12]}"
-    yield {"CELERIAC_BROKER_URL": url, "CELERIAC_RESULT_BACKEND": url,
-           "CELERIAC_WORKER_LEASE_TIMEOUT": "2.0",
-           "CELERIAC_WORKER_HEARTBEAT_INTERVAL": str(HEARTBEAT),
-           "CELERIAC_WORKER_HEALTH_INTERVAL": "0.2", "PYTHONPATH": str(ROOT)}
-    _drop_redis_namespace(url)
+    with redis_env("cl", worker_lease_timeout=2.0, worker_heartbeat_interval=HEARTBEAT,
+                   worker_health_interval=0.2) as e:
+        yield e
 
 
 @pytest.fixture
 def app(env: dict[str, str]) -> Iterator[Celeriac]:
-    before = t.app.settings
-    t.app.close()
-    t.app.settings = Settings.from_env(env)
-    yield t.app
-    t.app.close()
-    t.app.settings = before
+    with bound(t.app, env) as a:
+        yield a
 
 
 @pytest.fixture
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(name: str, *args: str, wait_ready: bool = True) -> WorkerProcess:
-        w = WorkerProcess("tests.integration.cluster_tasks", "-n", f"{name}@%h", "-c", "1",
-                          *args, env=env, cwd=str(tmp_path))
-        started.append(w)
-        return w.start(wait_ready=wait_ready)
-
-    yield start
-    for w in started:
-        w.kill()
+    with workers("tests.integration.cluster_tasks", env, tmp_path, "-c", "1") as pool:
+        yield lambda name, *args, wait_ready=True: pool.start(
+            "-n", f"{name}@%h", *args, wait_ready=wait_ready)
 
 
 def test_two_workers_see_each_other_join_and_leave(

@@ -5,63 +5,49 @@ no task is lost. A task with both limits runs at the tighter one."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from celeriac import Celeriac, Settings, states
+from celeriac import Celeriac, states
 from celeriac.testing import WorkerProcess
-from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration import cluster_tasks as t
-from tests.services import require
+from tests.integration.support import bound, redis_env, workers
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parent.parent.parent
 
 
 @pytest.fixture
 def env() -> Iterator[dict[str, str]]:
-    url = f"{require('redis')}?namespace=grl{uuid.uuid4().hex[:12]}"
-    yield {"CELERIAC_BROKER_URL": url, "CELERIAC_RESULT_BACKEND": url,
-           "CELERIAC_WORKER_LEASE_TIMEOUT": "2.0", "PYTHONPATH": str(ROOT)}
-    _drop_redis_namespace(url)
+    with redis_env("grl", worker_lease_timeout=2.0) as e:
+        yield e
 
 
 @pytest.fixture
 def app(env: dict[str, str]) -> Iterator[Celeriac]:
-    before = t.app.settings
-    t.app.close()
-    t.app.settings = Settings.from_env(env)
-    yield t.app
-    t.app.close()
-    t.app.settings = before
+    with bound(t.app, env) as a:
+        yield a
 
 
 @pytest.fixture
 def start_workers(env: dict[str, str], tmp_path: Path
                   ) -> Iterator[Callable[..., list[WorkerProcess]]]:
-    started: list[WorkerProcess] = []
+    with workers("tests.integration.cluster_tasks", env, tmp_path,
+                 "--without-gossip") as pool:
 
-    def start(count: int, *args: str, extra_env: dict[str, str] | None = None
-              ) -> list[WorkerProcess]:
-        workers = [WorkerProcess("tests.integration.cluster_tasks", "-n", f"g{i}@%h",
-                                 "--without-gossip", *args, env={**env, **(extra_env or {})},
-                                 cwd=str(tmp_path))
-                   for i in range(count)]
-        started.extend(workers)
-        for w in workers:  # started together, then waited for: the starts overlap
-            w.start(wait_ready=False)
-        for w in workers:
-            w.wait_for_log(r" ready: ", 30)
-        return workers
+        def start(count: int, *args: str, extra_env: dict[str, str] | None = None
+                  ) -> list[WorkerProcess]:
+            # Started together, then waited for: the starts overlap.
+            started = [pool.start("-n", f"g{i}@%h", *args, wait_ready=False,
+                                  extra_env=extra_env) for i in range(count)]
+            for w in started:
+                w.wait_for_log(r" ready: ", 30)
+            return started
 
-    yield start
-    for w in started:
-        w.kill()
+        yield start
 
 
 def measure(app: Celeriac, name: str, count: int, timeout: float) -> list[Any]:

@@ -6,52 +6,31 @@ is sent."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
-from celeriac import Celeriac, Settings
+from celeriac import Celeriac
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import progress_tasks as pt
+from tests.integration.support import bound, redis_env, workers
 from tests.integration.test_task_events import Collector
-from tests.services import require
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parent.parent.parent
 
 
 @pytest.fixture
-def ns() -> Iterator[str]:
-    """A namespace of the test's own on the shared Redis; its keys deleted after."""
-    require("redis")
-    name = f"pg{uuid.uuid4().hex[:12]}"
-    yield name
-    admin = redis.Redis()
-    keys = list(admin.scan_iter(match=f"{name}*", count=1000))
-    if keys:
-        admin.delete(*keys)
-    admin.close()
-
-
-@pytest.fixture
-def env(ns: str) -> dict[str, str]:
-    url = f"{require('redis')}?namespace={ns}"
-    return {"CELERIAC_BROKER_URL": url, "CELERIAC_RESULT_BACKEND": url,
-            "CELERIAC_WORKER_LEASE_TIMEOUT": "2.0", "PYTHONPATH": str(ROOT)}
+def env() -> Iterator[dict[str, str]]:
+    with redis_env("pg", worker_lease_timeout=2.0) as e:
+        yield e
 
 
 @pytest.fixture
 def app(env: dict[str, str]) -> Iterator[Celeriac]:
-    before = pt.app.settings
-    pt.app.close()
-    pt.app.settings = Settings.from_env(env)
-    yield pt.app
-    pt.app.close()
-    pt.app.settings = before
+    with bound(pt.app, env) as a:
+        yield a
 
 
 @pytest.fixture
@@ -62,17 +41,8 @@ def collect(app: Celeriac) -> Iterator[Collector]:
 
 @pytest.fixture
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        w = WorkerProcess("tests.integration.progress_tasks", *args, env=env,
-                          cwd=str(tmp_path))
-        started.append(w)
-        return w.start()
-
-    yield start
-    for w in started:
-        w.kill()
+    with workers("tests.integration.progress_tasks", env, tmp_path) as pool:
+        yield pool.start
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo"])

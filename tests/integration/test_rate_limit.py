@@ -5,57 +5,38 @@ limit, and a warm stop gives held messages back."""
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from celeriac import Celeriac, Settings, states
+from celeriac import Celeriac, states
 from celeriac.result import AsyncResult
 from celeriac.testing import WorkerProcess, wait_until
-from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration import ratelimit_tasks as t
-from tests.services import require
+from tests.integration.support import bound, redis_env, workers
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parent.parent.parent
 
 
 @pytest.fixture
 def env() -> Iterator[dict[str, str]]:
-    """The test's own namespace on the shared Redis: broker and results."""
-    url = f"{require('redis')}?namespace=rl{uuid.uuid4().hex[:12]}"
-    yield {"CELERIAC_BROKER_URL": url, "CELERIAC_RESULT_BACKEND": url,
-           "CELERIAC_WORKER_LEASE_TIMEOUT": "2.0", "PYTHONPATH": str(ROOT)}
-    _drop_redis_namespace(url)
+    with redis_env("rl", worker_lease_timeout=2.0) as e:
+        yield e
 
 
 @pytest.fixture
 def app(env: dict[str, str]) -> Iterator[Celeriac]:
-    before = t.app.settings
-    t.app.close()
-    t.app.settings = Settings.from_env(env)
-    yield t.app
-    t.app.close()
-    t.app.settings = before
+    with bound(t.app, env) as a:
+        yield a
 
 
 @pytest.fixture
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, **extra_env: str) -> WorkerProcess:
-        w = WorkerProcess("tests.integration.ratelimit_tasks", "-c", "2", *args,
-                          env={**env, **extra_env}, cwd=str(tmp_path))
-        started.append(w)
-        return w.start()
-
-    yield start
-    for w in started:
-        w.kill()
+    with workers("tests.integration.ratelimit_tasks", env, tmp_path, "-c", "2") as pool:
+        yield lambda *args, **extra_env: pool.start(*args, extra_env=extra_env)
 
 
 def times(app: Celeriac, results: list[AsyncResult[Any]], timeout: float = 20

@@ -10,7 +10,6 @@ integrations write theirs.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,57 +17,41 @@ from typing import Any
 import pytest
 import redis
 
-from celeriac import Celeriac, Settings, signals
+from celeriac import Celeriac, signals
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import signals_tasks as t
+from tests.integration.support import bound, redis_env, workers
 from tests.services import require
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parent.parent.parent
 OK = "tests.integration.signals_tasks.ok"
 Event = dict[str, Any]
 
 
 @pytest.fixture
-def ns() -> Iterator[str]:
-    """A namespace of the test's own on the shared Redis; its keys deleted after."""
-    require("redis")
-    name = f"sg{uuid.uuid4().hex[:12]}"
-    yield name
-    admin = redis.Redis()
-    keys = list(admin.scan_iter(match=f"{name}*", count=1000))
-    if keys:
-        admin.delete(*keys)
-    admin.close()
+def env() -> Iterator[dict[str, str]]:
+    with redis_env("sg", worker_lease_timeout=2.0) as e:
+        ns = e["NAMESPACE"]
+        yield {**e, "SIGNALS_KEY": f"{ns}:signals", "SIGNALS_REDIS": require("redis")}
 
 
 @pytest.fixture
-def env(ns: str) -> dict[str, str]:
-    url = f"{require('redis')}?namespace={ns}"
-    return {"CELERIAC_BROKER_URL": url, "CELERIAC_RESULT_BACKEND": url,
-            "CELERIAC_WORKER_LEASE_TIMEOUT": "2.0", "PYTHONPATH": str(ROOT),
-            "SIGNALS_KEY": f"{ns}:signals", "SIGNALS_REDIS": require("redis")}
+def ns(env: dict[str, str]) -> str:
+    return env["NAMESPACE"]
 
 
 @pytest.fixture
 def app(env: dict[str, str]) -> Iterator[Celeriac]:
     """signals_tasks' app in this process (the producer), on the test's namespace."""
-    before = t.app.settings
-    t.app.close()
-    t.app.settings = Settings.from_env(env)
-    yield t.app
-    t.app.close()
-    t.app.settings = before
+    with bound(t.app, env) as a:
+        yield a
 
 
 @pytest.fixture
 def worker(env: dict[str, str], tmp_path: Path) -> Iterator[WorkerProcess]:
-    w = WorkerProcess("tests.integration.signals_app", "-c", "2", "-P", "prefork", env=env,
-                      cwd=str(tmp_path))
-    w.start()
-    yield w
-    w.kill()
+    with workers("tests.integration.signals_app", env, tmp_path) as pool:
+        yield pool.start("-c", "2", "-P", "prefork")
 
 
 class Recorded:
