@@ -19,11 +19,9 @@ import pytest
 from celeriac import Celeriac
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import cluster_tasks as t
-from tests.integration.support import bound, redis_env, workers
+from tests.integration.support import ROOT, bound, redis_env, workers
 
 pytestmark = pytest.mark.slow
-
-from tests.integration.support import ROOT
 
 HEARTBEAT = 0.5
 """Seconds between heartbeats: a silent worker leaves after 1 s, a lease lasts 1 s."""
