@@ -122,10 +122,12 @@ class ResultBackend(abc.ABC):
         never lost). Every other call gets False. The chord's parts and flag expire with
         ``result_expires``."""
 
-    def store_part(self, part: Stored, group_id: str, size: int) -> bool:
+    def store_part(self, part: Stored, group_id: str, size: int,
+                   index: int | None = None) -> bool:
         """Store chord header task ``part``'s result, then count it (``chord_part``):
         stored first, so the count that completes the chord finds every header result.
-        A backend that can do both in one round trip does (Redis: one script)."""
+        A backend that can do both in one round trip does (Redis: one script).
+        ``index`` is the task's ``group_index`` (Celery's layout orders parts by it)."""
         self.store_many([part])
         return self.chord_part(group_id, part.task_id, size)
 
@@ -270,6 +272,9 @@ BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "resu
     "rediss": ("celeriac.backends.redis", "RedisBackend"),
     "postgresql": ("celeriac.backends.postgres", "PostgresBackend"),
     "postgres": ("celeriac.backends.postgres", "PostgresBackend"),
+    # Celery's SQLAlchemy backend's URL: its celery_taskmeta table (compatibility mode).
+    "db+postgresql": ("celeriac.backends.celery_db", "CeleryDatabaseBackend"),
+    "db+postgres": ("celeriac.backends.celery_db", "CeleryDatabaseBackend"),
 })
 
 
@@ -283,7 +288,10 @@ def known_schemes() -> list[str]:
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    return BACKENDS.lookup(url)
+    from .._layouts import BACKEND_LAYOUTS, lookup
+
+    chosen: type[ResultBackend] | None = lookup(url, BACKEND_LAYOUTS, "result backend")
+    return chosen if chosen is not None else BACKENDS.lookup(url)
 
 
 def create_backend(url: str, settings: Settings) -> ResultBackend:

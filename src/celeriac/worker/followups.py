@@ -130,7 +130,8 @@ def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str,
     the body (or store its ``ChordError``)."""
     group_id = request.group
     assert group_id is not None  # check_embed refuses a chord without one
-    if app.backend.store_part(part, group_id, int(body["chord_size"])):
+    if app.backend.store_part(part, group_id, int(body["chord_size"]),
+                              index=request.headers.get("group_index")):
         logger.info("Task %s[%s] completed chord %s: sending its body %s", request.task,
                     request.id, group_id, body["task"])
         _fire(app, group_id, body, _lineage(request))
