@@ -56,3 +56,12 @@ def slow_who(seconds: float) -> str:
 @app.task(name="compat.log_error")
 def log_error(task_id: str) -> str:
     return f"errback for {task_id}"
+
+
+@app.task(name="compat.count_total")
+def count_total(values: list[int], key: str) -> int:
+    """A chord body that counts its runs in Redis (``COMPAT_COUNTER`` names the DB)."""
+    import redis
+
+    redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).incr(key)
+    return sum(values)

@@ -59,3 +59,12 @@ def slow_who(seconds):
 @app.task(name="compat.log_error")
 def log_error(task_id):
     return f"errback for {task_id}"
+
+
+@app.task(name="compat.count_total")
+def count_total(values, key):
+    """A chord body that counts its runs in Redis (``COMPAT_COUNTER`` names the DB)."""
+    import redis
+
+    redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).incr(key)
+    return sum(values)

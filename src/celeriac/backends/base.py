@@ -78,6 +78,9 @@ class ResultBackend(abc.ABC):
     scheme: ClassVar[str]
     process_local: ClassVar[bool] = False
     """True when results live in one process's memory (pool children relay to it)."""
+    chord_sizes_stored: ClassVar[bool] = False
+    """True when producers store each chord's size here (Celery's Redis layout), so a
+    header task's message may carry its chord without ``chord_size``."""
     network: ClassVar[bool] = True
     """True when a store waits on the network: the worker's event loop hands it to a
     thread rather than stall on it (heartbeats must go on while a server is slow)."""

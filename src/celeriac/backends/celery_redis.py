@@ -106,6 +106,7 @@ return 0
 
 class CeleryRedisBackend(ResultBackend):
     scheme = "redis"
+    chord_sizes_stored = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
