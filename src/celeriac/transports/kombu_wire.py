@@ -167,10 +167,11 @@ def redelivered(raw: bytes, *, counted: bool) -> bytes:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return raw  # unreadable: the consumer dead-letters it on its next delivery
     if counted:
+        losses = delivery_count(env)  # this loss included: read before the flag is set
         headers["redelivered"] = True
         if isinstance(props.get("delivery_info"), dict):
             props["delivery_info"]["redelivered"] = True
-        headers[COUNT_HEADER] = delivery_count(env)
+        headers[COUNT_HEADER] = losses
     return orjson.dumps(env)
 
 
