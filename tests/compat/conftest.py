@@ -27,7 +27,7 @@ from tests.services import IN_CI
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-REQUIREMENTS = ("celery[redis,sqlalchemy]>=5.3,<6", "flower", "psycopg2-binary")
+REQUIREMENTS = ("celery[redis,sqlalchemy]>=5.3,<6", "flower", "psycopg[binary]")
 
 
 def _venv() -> Any:
