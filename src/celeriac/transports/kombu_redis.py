@@ -363,57 +363,14 @@ class KombuRedisTransport(RedisTransport):
         return self.conn.call(drop)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        if limit <= 0:
-            return []
-
-        def read(client: redis.Redis, ns: str) -> list[DeadLetter]:
-            ids = [_text(i) for i in client.zrange(kw.DEAD_IDS, 0, limit - 1)]
-            records = client.hmget(kw.DEAD, ids) if ids else []
-            out = []
-            for dead_id, record in zip(ids, records, strict=True):
-                if record is None:
-                    continue
-                r = orjson.loads(record)
-                message, _ = kw.parse(r["raw"].encode())
-                out.append(DeadLetter(int(dead_id), r["queue"], r["reason"], message,
-                                      int(r["count"]), float(r["at"])))
-            return out
-
-        return self.conn.call(read)
+        return self.conn.call(lambda client, ns: kw.dead_letters(client, limit)) \
+            if limit > 0 else []
 
     def requeue_dead(self, ids: Sequence[int | str]) -> int:
-        def move(client: redis.Redis, ns: str) -> int:
-            moved = 0
-            for dead_id in (str(i) for i in ids):
-                record = client.hget(kw.DEAD, dead_id)
-                if record is None:
-                    continue
-                r = orjson.loads(record)
-                env = orjson.loads(r["raw"])
-                env.get("headers", {}).pop(kw.COUNT_HEADER, None)  # a new delivery
-                priority = int((env.get("properties") or {}).get("priority") or 0)
-                pipe = client.pipeline(transaction=True)
-                pipe.lpush(kw.list_key(r["queue"], priority), orjson.dumps(env))
-                pipe.hdel(kw.DEAD, dead_id)
-                pipe.zrem(kw.DEAD_IDS, dead_id)
-                pipe.execute()
-                moved += 1
-            return moved
-
-        return self.conn.call(move)
+        return self.conn.call(lambda client, ns: kw.requeue_dead(client, ids))
 
     def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
-        def drop(client: redis.Redis, ns: str) -> int:
-            chosen = [str(i) for i in ids] if ids is not None else \
-                [_text(i) for i in client.zrange(kw.DEAD_IDS, 0, -1)]
-            if not chosen:
-                return 0
-            pipe = client.pipeline(transaction=True)
-            pipe.hdel(kw.DEAD, *chosen)
-            pipe.zrem(kw.DEAD_IDS, *chosen)
-            return int(pipe.execute()[0])
-
-        return self.conn.call(drop)
+        return self.conn.call(lambda client, ns: kw.purge_dead(client, ids))
 
 
 def _raw(value: Any) -> bytes:

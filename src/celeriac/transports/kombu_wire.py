@@ -40,12 +40,16 @@ import base64
 import binascii
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import DecodeError
 from ..protocol import DECODE_ERROR_HEADER, Message, new_id
+from .base import DeadLetter
+
+if TYPE_CHECKING:
+    import redis
 
 SEP = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -174,6 +178,55 @@ def redelivered(raw: bytes, *, counted: bool) -> bytes:
         headers[COUNT_HEADER] = losses
     return orjson.dumps(env)
 
+
+
+# -- dead letters (celeriac's; kombu has none) ----------------------------------------------
+def dead_letters(client: redis.Redis, limit: int) -> list[DeadLetter]:
+    ids = [_text(i) for i in client.zrange(DEAD_IDS, 0, limit - 1)]
+    records = client.hmget(DEAD, ids) if ids else []
+    out = []
+    for dead_id, record in zip(ids, records, strict=True):
+        if record is None:
+            continue
+        r = orjson.loads(record)
+        message, _ = parse(r["raw"].encode())
+        out.append(DeadLetter(int(dead_id), r["queue"], r["reason"], message,
+                              int(r["count"]), float(r["at"])))
+    return out
+
+
+def requeue_dead(client: redis.Redis, ids: Sequence[int | str]) -> int:
+    moved = 0
+    for dead_id in (str(i) for i in ids):
+        record = client.hget(DEAD, dead_id)
+        if record is None:
+            continue
+        r = orjson.loads(record)
+        env = orjson.loads(r["raw"])
+        env.get("headers", {}).pop(COUNT_HEADER, None)  # a new delivery
+        priority = int((env.get("properties") or {}).get("priority") or 0)
+        pipe = client.pipeline(transaction=True)
+        pipe.lpush(list_key(r["queue"], priority), orjson.dumps(env))
+        pipe.hdel(DEAD, dead_id)
+        pipe.zrem(DEAD_IDS, dead_id)
+        pipe.execute()
+        moved += 1
+    return moved
+
+
+def purge_dead(client: redis.Redis, ids: Sequence[int | str] | None) -> int:
+    chosen = [str(i) for i in ids] if ids is not None else \
+        [_text(i) for i in client.zrange(DEAD_IDS, 0, -1)]
+    if not chosen:
+        return 0
+    pipe = client.pipeline(transaction=True)
+    pipe.hdel(DEAD, *chosen)
+    pipe.zrem(DEAD_IDS, *chosen)
+    return int(pipe.execute()[0])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 # Popping in Lua (RPOP and recording it in ``unacked`` in one step) leaves no moment
 # where a message is neither in its list nor in ``unacked``. kombu's BRPOP has one: a
