@@ -78,6 +78,9 @@ class ResultBackend(abc.ABC):
     scheme: ClassVar[str]
     process_local: ClassVar[bool] = False
     """True when results live in one process's memory (pool children relay to it)."""
+    chord_sizes_stored: ClassVar[bool] = False
+    """True when producers store each chord's size here (Celery's Redis layout), so a
+    header task's message may carry its chord without ``chord_size``."""
     network: ClassVar[bool] = True
     """True when a store waits on the network: the worker's event loop hands it to a
     thread rather than stall on it (heartbeats must go on while a server is slow)."""
@@ -122,10 +125,12 @@ class ResultBackend(abc.ABC):
         never lost). Every other call gets False. The chord's parts and flag expire with
         ``result_expires``."""
 
-    def store_part(self, part: Stored, group_id: str, size: int) -> bool:
+    def store_part(self, part: Stored, group_id: str, size: int,
+                   index: int | None = None) -> bool:
         """Store chord header task ``part``'s result, then count it (``chord_part``):
         stored first, so the count that completes the chord finds every header result.
-        A backend that can do both in one round trip does (Redis: one script)."""
+        A backend that can do both in one round trip does (Redis: one script).
+        ``index`` is the task's ``group_index`` (Celery's layout orders parts by it)."""
         self.store_many([part])
         return self.chord_part(group_id, part.task_id, size)
 
@@ -270,6 +275,9 @@ BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "resu
     "rediss": ("celeriac.backends.redis", "RedisBackend"),
     "postgresql": ("celeriac.backends.postgres", "PostgresBackend"),
     "postgres": ("celeriac.backends.postgres", "PostgresBackend"),
+    # Celery's SQLAlchemy backend's URL: its celery_taskmeta table (compatibility mode).
+    "db+postgresql": ("celeriac.backends.celery_db", "CeleryDatabaseBackend"),
+    "db+postgres": ("celeriac.backends.celery_db", "CeleryDatabaseBackend"),
 })
 
 
@@ -283,7 +291,10 @@ def known_schemes() -> list[str]:
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    return BACKENDS.lookup(url)
+    from .._layouts import BACKEND_LAYOUTS, lookup
+
+    chosen: type[ResultBackend] | None = lookup(url, BACKEND_LAYOUTS, "result backend")
+    return chosen if chosen is not None else BACKENDS.lookup(url)
 
 
 def create_backend(url: str, settings: Settings) -> ResultBackend:

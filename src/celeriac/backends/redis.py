@@ -206,7 +206,8 @@ class RedisBackend(ResultBackend):
 
         return int(self.conn.call(part)) == 1
 
-    def store_part(self, part: Stored, group_id: str, size: int) -> bool:
+    def store_part(self, part: Stored, group_id: str, size: int,
+                   index: int | None = None) -> bool:
         expires = self.settings.result_expires
         ttl = max(1, math.ceil(expires * 1000)) if expires else 0
         task_id, content_type, data, expires_at = part

@@ -134,7 +134,8 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
         args, kwargs, raw_embed = decode_body(serialization.loads(body, content_type, accept))
         embed = raw_embed if raw_embed and _asks(raw_embed) else None
         if embed is not None:
-            followups.check_embed(embed, headers.get("group"))
+            followups.check_embed(embed, headers.get("group"),
+                                  sizes_stored=app.backend.chord_sizes_stored)
     except DecodeError as exc:
         logger.error("Task %s[%s] dead-lettered: %s", task.name, task_id, exc)
         # Its FAILURE is stored too: a caller in get() learns why at once. (The state

@@ -41,14 +41,19 @@ logger = logging.getLogger("celeriac.worker.followups")
 SUPPORTED_TYPES = (None, "chain", "group", "chord")
 
 
-def check_embed(embed: Mapping[str, Any], group_id: Any) -> None:
+def check_embed(embed: Mapping[str, Any], group_id: Any, *, sizes_stored: bool = False
+                ) -> None:
     """Refuse (``DecodeError``) an embed this worker cannot carry out in full: running
-    the task alone would half-run the workflow it belongs to."""
+    the task alone would half-run the workflow it belongs to. With ``sizes_stored`` (the
+    result backend keeps each chord's size, as Celery's Redis layout does) a chord body
+    may leave ``chord_size`` out, as Celery's producers do."""
     body = embed.get("chord")
     if body is not None:
         _check_signature("chord", body)
         size = body.get("chord_size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        if size is None and sizes_stored:
+            pass
+        elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise DecodeError(f"embed 'chord': chord_size must be a positive int, got "
                               f"{size!r}")
         if not isinstance(group_id, str) or not group_id:
@@ -130,7 +135,8 @@ def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str,
     the body (or store its ``ChordError``)."""
     group_id = request.group
     assert group_id is not None  # check_embed refuses a chord without one
-    if app.backend.store_part(part, group_id, int(body["chord_size"])):
+    if app.backend.store_part(part, group_id, _size(body),
+                              index=request.headers.get("group_index")):
         logger.info("Task %s[%s] completed chord %s: sending its body %s", request.task,
                     request.id, group_id, body["task"])
         _fire(app, group_id, body, _lineage(request))
@@ -216,8 +222,14 @@ def _fail_steps(app: Celeriac, sigs: Sequence[Mapping[str, Any]], exc: BaseExcep
     # Counted after every result is stored (store_many above): a count that completes a
     # chord reads them all.
     for group_id, task_id, body in chords:
-        if app.backend.chord_part(group_id, task_id, int(body["chord_size"])):
+        if app.backend.chord_part(group_id, task_id, _size(body)):
             _fire(app, group_id, body, lineage)
+
+
+def _size(body: Mapping[str, Any]) -> int:
+    """A chord's size from its body; 0 when the result backend keeps it (Celery's)."""
+    size = body.get("chord_size")
+    return int(size) if size is not None else 0
 
 
 def _exception_text(data: Any) -> str:

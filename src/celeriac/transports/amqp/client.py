@@ -288,6 +288,11 @@ class SyncClient:
 
     def _route(self, link: _Link, item: Outgoing) -> tuple[str, str]:
         target = self.config.queue(item.queue)
+        if self.config.kombu and target not in link.queues:
+            # Celery's declarations of a queue: an exchange of its name, bound by it.
+            self._declare(link, target, self.config.queue_arguments())
+            link.admin().exchange_declare(target, "direct", durable=True)
+            link.admin().queue_bind(target, target, routing_key=target)
         self._declare(link, target, self.config.queue_arguments())
         route = wire.delay_route(item.delay) if item.delay and item.delay > 0 else None
         if route is None:

@@ -257,6 +257,10 @@ class AMQPTransport(Transport):
             if self._consumers.get(queue) in ch.consumers:
                 continue
             await link.declare(self.config.queue(queue), self.config.queue_arguments())
+            if self.config.kombu:  # Celery's exchange and binding of the queue
+                name = self.config.queue(queue)
+                await link.ops.exchange_declare(name, exchange_type="direct", durable=True)
+                await link.ops.queue_bind(name, name, routing_key=name)
             # Known before it starts: a fetch cancelled meanwhile must still cancel it.
             tag = self._consumers[queue] = f"celeriac-{uuid.uuid4().hex}"
             await ch.basic_consume(self.config.queue(queue), self._on_message(link, queue),

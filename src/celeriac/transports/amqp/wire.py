@@ -65,12 +65,33 @@ class Config:
     consumer_timeout: int
     heartbeat: int
     """Seconds; the worker connection's AMQP heartbeat, from worker_lease_timeout."""
+    kombu: bool = False
+    """``?layout=kombu``: task queues declared exactly as Celery 5 declares them (no
+    ``x-max-priority`` unless ``max_priority`` is given, a direct exchange of the queue's
+    name bound with the queue's name), so neither side's declaration is refused."""
+    max_priority: int | None = None
+    """``?max_priority=N`` with the kombu layout: Celery's ``task_queue_max_priority``."""
 
     @classmethod
     def from_settings(cls, url: str, settings: Settings) -> Config:
         listed = [u.strip() for u in settings.broker_url.split(";") if u.strip()]
         urls = listed if listed and listed[0] == url else [url]
-        namespace = _query(url).get("namespace", "")
+        query = _query(url)
+        namespace = query.get("namespace", "")
+        kombu = query.get("layout") == "kombu"
+        if kombu and namespace:
+            raise ConfigurationError(
+                "namespace: the kombu layout names queues as Celery does; a namespace "
+                "would hide them from Celery (use a virtual host of its own instead)")
+        raw_priority = query.get("max_priority")
+        try:
+            max_priority = None if raw_priority is None else int(raw_priority)
+        except ValueError:
+            max_priority = -1
+        if max_priority is not None and not (kombu and 1 <= max_priority <= 255):
+            raise ConfigurationError(
+                f"max_priority={raw_priority!r}: an integer from 1 to 255, with "
+                "layout=kombu (Celery's task_queue_max_priority)")
         opts: Mapping[str, Any] = settings.broker_transport_options
         queue_type = str(opts.get("queue_type", "classic"))
         if queue_type not in ("classic", "quorum"):
@@ -87,6 +108,8 @@ class Config:
             shuffle=settings.broker_failover_strategy == "shuffle",
             consumer_timeout=int(opts.get("consumer_timeout", CONSUMER_TIMEOUT_MS)),
             heartbeat=heartbeat,
+            kombu=kombu,
+            max_priority=max_priority,
         )
 
     def ordered(self, start: int = 0) -> list[str]:
@@ -114,6 +137,8 @@ class Config:
     def queue_arguments(self) -> dict[str, Any]:
         if self.quorum:
             return {"x-queue-type": "quorum"}
+        if self.kombu:  # Celery's defaults: no priorities unless task_queue_max_priority
+            return {} if self.max_priority is None else {"x-max-priority": self.max_priority}
         return {"x-max-priority": MAX_PRIORITY}
 
     def dead_arguments(self) -> dict[str, Any]:
@@ -327,9 +352,13 @@ def _query(url: str) -> dict[str, str]:
     return dict(parse_qsl(urlsplit(url).query))
 
 
+_URL_OPTIONS = ("namespace", "layout", "max_priority")
+"""Our URL parameters, taken out before a URL reaches the AMQP clients."""
+
+
 def _without_namespace(url: str) -> str:
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "namespace"]
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in _URL_OPTIONS]
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 

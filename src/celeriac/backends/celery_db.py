@@ -1,0 +1,233 @@
+"""Results in the tables of Celery's SQLAlchemy backend, on PostgreSQL
+(``db+postgresql://user@host:5432/db``, the URL Celery users already have): a Celery
+client's ``AsyncResult.get()`` reads a celeriac worker's result and the reverse.
+
+Celery 5.7's schema (``celery/backends/database/models.py``), created here if missing::
+
+    celery_taskmeta(id integer PRIMARY KEY (from the sequence task_id_sequence),
+                    task_id varchar(155) UNIQUE, status varchar(50), result bytea,
+                    date_done timestamp (UTC, no zone), traceback text, children bytea,
+                    -- with result_extended (Celery's TaskExtended):
+                    name varchar(155), args bytea, kwargs bytea, worker varchar(155),
+                    retries integer, queue varchar(155), stamps bytea)
+
+``result``, ``children``, ``args`` and ``kwargs`` are JSON bytes (the result serializer's
+encoding of the value Celery's ``encode_result`` makes: a failure's ``{"exc_type",
+"exc_message", "exc_module"}``). Rows written by Celery before 5.7 hold a pickle
+(SQLAlchemy's ``PickleType``); those are read with an unpickler that refuses every class
+and function, so reading one runs nothing, and a pickled object that is not plain data
+raises ``DecodeError``. Only columns the table has are written (a table Celery made
+without ``result_extended`` has no extended columns).
+
+Not Celery's, beside its tables: ``celeriac_chords`` and ``celeriac_chord_parts`` (celeriac
+counts chords in them; Celery's database backend polls with ``celery.chord_unlock``
+instead, so a chord sent by a Celery client on this backend is not counted by celeriac
+workers). Waiting polls every 0.1 s (Celery's backend polls too; there is no NOTIFY).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+
+from ..errors import BrokerUnavailable, DecodeError
+from .base import ResultBackend, Stored
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+logger = logging.getLogger("celeriac.backends.celery_db")
+
+EXTENDED = ("name", "args", "kwargs", "worker", "retries", "queue")
+_POLL = 0.1
+_SCHEMA = """
+CREATE SEQUENCE IF NOT EXISTS task_id_sequence;
+CREATE TABLE IF NOT EXISTS celery_taskmeta (
+    id integer NOT NULL PRIMARY KEY, task_id varchar(155) UNIQUE, status varchar(50),
+    result bytea, date_done timestamp without time zone, traceback text, children bytea,
+    name varchar(155), args bytea, kwargs bytea, worker varchar(155), retries integer,
+    queue varchar(155), stamps bytea);
+CREATE SEQUENCE IF NOT EXISTS taskset_id_sequence;
+CREATE TABLE IF NOT EXISTS celery_tasksetmeta (
+    id integer NOT NULL PRIMARY KEY, taskset_id varchar(155) UNIQUE, result bytea,
+    date_done timestamp without time zone);
+CREATE TABLE IF NOT EXISTS celeriac_chords (group_id text PRIMARY KEY, fired_by text);
+CREATE TABLE IF NOT EXISTS celeriac_chord_parts (
+    group_id text REFERENCES celeriac_chords ON DELETE CASCADE, task_id text,
+    PRIMARY KEY (group_id, task_id));
+"""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Containers, strings and numbers only: any global (a class, a function) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def loads_plain(data: bytes) -> Any:
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+def _value(stored: Any) -> Any:
+    """A stored result: JSON (Celery 5.7), or an older Celery's pickle of plain data."""
+    if stored is None:
+        return None
+    data = bytes(stored)
+    if data[:1] == b"\x80":  # a pickle's PROTO opcode; JSON never starts with it
+        return loads_plain(data)
+    return orjson.loads(data)
+
+
+class CeleryDatabaseBackend(ResultBackend):
+    scheme = "db+postgresql"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        # Celery's URL names SQLAlchemy's dialect; libpq wants the plain one.
+        rest = url.split("://", 1)[1] if "://" in url else url
+        self.dsn = "postgresql://" + rest
+        self._local = threading.local()
+        self._columns: set[str] | None = None
+
+    # -- connections ----------------------------------------------------------------------
+    def _conn(self) -> psycopg.Connection[tuple[Any, ...]]:
+        held = getattr(self._local, "conn", None)
+        if held is not None and held[0] == os.getpid() and not held[1].closed:
+            conn: psycopg.Connection[tuple[Any, ...]] = held[1]
+            return conn
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True,
+                                   connect_timeout=max(1, round(
+                                       self.settings.broker_connection_timeout)))
+        except psycopg.OperationalError as exc:
+            raise BrokerUnavailable(f"cannot reach the result backend at "
+                                    f"{self.dsn.split('@')[-1]}: {exc}") from exc
+        self._local.conn = (os.getpid(), conn)
+        if self._columns is None:
+            with conn.transaction():
+                # One creator at a time (two workers starting together).
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('celery_taskmeta'))")
+                conn.execute(_SCHEMA)
+            self._columns = {row[0] for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = 'celery_taskmeta'")}
+        return conn
+
+    # -- writing ------------------------------------------------------------------------
+    def store_many(self, items: Sequence[Stored]) -> None:
+        if not items:
+            return
+        conn = self._conn()
+        assert self._columns is not None
+        extended = [c for c in EXTENDED if c in self._columns]
+        names = ["status", "result", "date_done", "traceback", *extended]
+        if "children" in self._columns:
+            names.append("children")
+        sql = (f"INSERT INTO celery_taskmeta (id, task_id, {', '.join(names)}) VALUES "
+               f"(nextval('task_id_sequence'), %s, {', '.join(['%s'] * len(names))}) "
+               f"ON CONFLICT (task_id) DO UPDATE SET "
+               + ", ".join(f"{n} = EXCLUDED.{n}" for n in names))
+        rows = [self._row(item, extended) for item in items]
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany(sql, rows)
+
+    def _row(self, item: Stored, extended: list[str]) -> list[Any]:
+        meta = orjson.loads(item.data)
+        done = meta.get("date_done")
+        row: list[Any] = [
+            item.task_id, meta["status"], orjson.dumps(meta.get("result")),
+            datetime.fromisoformat(done).astimezone(UTC).replace(tzinfo=None) if done
+            else None, meta.get("traceback")]
+        for name in extended:
+            value = meta.get(name)
+            row.append(orjson.dumps(value) if name in ("args", "kwargs") and
+                       value is not None else value)
+        if self._columns is not None and "children" in self._columns:
+            row.append(orjson.dumps(meta["children"]) if meta.get("children") else None)
+        return row
+
+    # -- reading ------------------------------------------------------------------------
+    def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        if not task_ids:
+            return {}
+        conn = self._conn()
+        assert self._columns is not None
+        extended = [c for c in EXTENDED if c in self._columns]
+        rows = conn.execute(
+            f"SELECT task_id, status, result, traceback, date_done"
+            f"{''.join(', ' + c for c in extended)} FROM celery_taskmeta "
+            f"WHERE task_id = ANY(%s)", (list(task_ids),)).fetchall()
+        out: dict[str, tuple[str, bytes]] = {}
+        for row in rows:
+            task_id, status, result, tb, done = row[:5]
+            try:
+                value = _value(result)
+            except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError) as exc:
+                raise DecodeError(f"the result of {task_id} in celery_taskmeta is neither "
+                                  f"JSON nor a pickle of plain data ({exc}); use "
+                                  "result_serializer='json' on the Celery side") from exc
+            meta: dict[str, Any] = {
+                "status": status, "result": value, "traceback": tb,
+                "date_done": done.replace(tzinfo=UTC).isoformat() if done else None,
+                "task_id": task_id}
+            for name, field in zip(extended, row[5:], strict=True):
+                meta[name] = orjson.loads(field) if name in ("args", "kwargs") and \
+                    field is not None else field
+            if meta.get("name") is None:
+                for name in extended:
+                    meta.pop(name, None)
+            out[task_id] = ("application/json", orjson.dumps(meta))
+        return out
+
+    def _wait(self, timeout: float) -> None:
+        time.sleep(max(min(timeout, _POLL), 0.0))
+
+    def forget(self, task_id: str) -> None:
+        self._conn().execute("DELETE FROM celery_taskmeta WHERE task_id = %s", (task_id,))
+
+    def cleanup(self) -> int:
+        expires = self.settings.result_expires
+        if not expires:
+            return 0
+        cur = self._conn().execute(
+            "DELETE FROM celery_taskmeta WHERE date_done < "
+            "(now() at time zone 'utc') - make_interval(secs => %s)", (float(expires),))
+        return cur.rowcount
+
+    # -- chords (celeriac's own tables; Celery polls with chord_unlock here) -------------
+    def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
+        conn = self._conn()
+        with conn.transaction():
+            conn.execute("INSERT INTO celeriac_chords (group_id) VALUES (%s) "
+                         "ON CONFLICT DO NOTHING", (group_id,))
+            row = conn.execute("SELECT fired_by FROM celeriac_chords WHERE group_id = %s "
+                               "FOR UPDATE", (group_id,)).fetchone()
+            fired_by = row[0] if row else None
+            if fired_by is not None:
+                return bool(fired_by == task_id)
+            conn.execute("INSERT INTO celeriac_chord_parts VALUES (%s, %s) "
+                         "ON CONFLICT DO NOTHING", (group_id, task_id))
+            count = conn.execute("SELECT count(*) FROM celeriac_chord_parts WHERE "
+                                 "group_id = %s", (group_id,)).fetchone()
+            if count is not None and int(count[0]) >= size:
+                conn.execute("UPDATE celeriac_chords SET fired_by = %s WHERE group_id = %s",
+                             (task_id, group_id))
+                return True
+        return False
+
+    def close(self) -> None:
+        held = getattr(self._local, "conn", None)
+        if held is not None and held[0] == os.getpid():
+            held[1].close()
+        self._local.conn = None

@@ -1,0 +1,396 @@
+"""The Redis broker in kombu's layout (``redis://host:6379/0?layout=kombu``): celeriac
+workers and producers share queues with Celery's.
+
+The layout, the envelope and the scripts are in ``kombu_wire.py``. How celeriac's
+transport contract maps onto it:
+
+- **Publish** LPUSHes kombu's envelope to the queue's list for its priority step and adds
+  Celery's binding (``_kombu.binding.<queue>``), once per queue and process. A task with
+  ``countdown``/``eta`` is published at once with its ``eta`` header, as Celery does
+  (kombu's Redis has no delay store; a Celery worker holds it in memory, a celeriac worker
+  parks it, below).
+- **Fetch** pops, in kombu's order (every queue's step-0 list first: 0 is the highest
+  priority here, as in kombu), and records each message in ``unacked``/``unacked_index``
+  in the same script. An idle worker polls (every 5 ms, doubling to 100 ms): a BRPOP whose
+  reply is lost when the connection drops would lose the message it popped.
+- **Ack** deletes the message from ``unacked`` and ``unacked_index``.
+- **Leases are kombu's visibility timeout.** A message stays in ``unacked`` while a
+  worker holds it; any kombu or celeriac worker restores it to its queue
+  ``visibility_timeout`` seconds (transport option or URL parameter, kombu's default
+  3600) after it was handed out. A live celeriac worker re-stamps what it holds at each
+  lease renewal, so its long tasks are never restored under it (a Celery worker's are,
+  after the timeout: Celery's own behaviour). A dead worker's messages come back only
+  after the timeout, not after ``worker_lease_timeout`` as on celeriac's own layout.
+- **Delays of the worker's own** (parking a foreign ``eta`` message, a lost delivery's
+  backoff) wait in celeriac's delay store and move to the front of their list when due;
+  only celeriac workers move them.
+- **Dead letters** are celeriac's (kombu has none), in ``_celeriac.kombu.dead``.
+- Broadcasts (celeriac's events) use the Redis transport's pub/sub channels, which no
+  kombu client subscribes to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+
+from ..errors import ConfigurationError
+from ..protocol import Delivery, new_id, utcnow
+from ..redisclient import Connector
+from . import kombu_wire as kw
+from .base import DeadLetter, Outgoing
+from .redis import RedisTransport
+
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio as aredis
+
+    from ..backends.base import ResultBackend
+    from ..settings import Settings
+
+logger = logging.getLogger("celeriac.transports.kombu_redis")
+
+OPTIONS = ("layout", "visibility_timeout")
+"""Our URL parameters: taken out before the URL reaches redis-py."""
+_POLL_MIN, _POLL_MAX = 0.005, 0.1
+_RESTORE_BATCH = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A fetched message's delivery tag: kombu's tag, its list, and the envelope."""
+
+    tag: str
+    key: str
+    raw: bytes
+
+
+def split_options(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without our parameters, and them."""
+    parts = urlsplit(url.strip())
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in OPTIONS}
+    if any(k == "namespace" for k, _ in query):
+        raise ConfigurationError(
+            "namespace: the kombu layout has no namespace (kombu's keys are fixed); use a "
+            "Redis database of its own (redis://host:6379/<db>?layout=kombu)")
+    rest = urlencode([(k, v) for k, v in query if k not in OPTIONS])
+    return urlunsplit(parts._replace(query=rest)), ours
+
+
+class KombuRedisTransport(RedisTransport):
+    scheme = "redis"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        # Not RedisTransport's: no namespace, and our own URL parameters.
+        self.url, self.settings, self.consumer_id = url, settings, None
+        configured = [u.strip() for u in settings.broker_url.split(";") if u.strip()]
+        urls = configured if url.strip() in configured else [url]
+        plain, options = [], {}
+        for u in urls:
+            stripped, ours = split_options(u)
+            plain.append(stripped)
+            options.update(ours)
+        topts = settings.broker_transport_options or {}
+        raw = options.get("visibility_timeout", topts.get("visibility_timeout",
+                                                          kw.VISIBILITY_TIMEOUT))
+        try:
+            self.visibility_timeout = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"visibility_timeout must be a number of seconds, got "
+                                     f"{raw!r}") from None
+        if self.visibility_timeout <= 0:
+            raise ConfigurationError(f"visibility_timeout must be positive, got {raw!r}")
+        self.conn = Connector(plain, settings, "broker",
+                              read_timeout=settings.broker_connection_timeout)
+        self._pubsub_denied = False
+        self._bound: set[str] = set()
+        self._holding: dict[str, Held] = {}
+        self._poll = _POLL_MIN
+
+    # -- producer -----------------------------------------------------------------------
+    def publish_many(self, items: Sequence[Outgoing]) -> None:
+        if not items:
+            return
+        for item in items:
+            self.check_size(item.message)
+        pushes: list[tuple[str, bytes]] = []
+        parked: list[Any] = []
+        for item in items:
+            message = item.message
+            if item.delay and item.delay > 0 and message.headers.get("eta") is None:
+                due = utcnow().timestamp() + item.delay
+                message = message.with_headers(eta=_iso(due))
+            key = kw.list_key(item.queue, message.priority)
+            raw = kw.envelope(item.queue, message)
+            if item.delay and item.delay > 0 and self.consumer_id is not None:
+                # A worker parking a message (a foreign eta, a loss's backoff): in our
+                # delay store, not in this process's memory.
+                parked += ["", "", key, raw, max(round(item.delay * 1000), 1)]
+            else:
+                pushes.append((key, raw))
+        new = sorted({i.queue for i in items} - self._bound)
+
+        def push(client: redis.Redis, ns: str) -> None:
+            pipe = client.pipeline(transaction=False)
+            for queue in new:
+                pipe.sadd(kw.BINDING.format(queue), kw.binding_member(queue))
+                pipe.sadd(kw.BINDING_PERMANENT.format(queue), kw.binding_member(queue))
+            for key, raw in pushes:
+                pipe.lpush(key, raw)
+            pipe.execute()
+
+        if pushes or new:
+            self.conn.call(push)
+        if parked:
+            self.conn.call(lambda client, ns: _script(client, kw.MOVE, self._move_args(parked)))
+        self._bound.update(new)
+
+    @staticmethod
+    def _move_args(groups: list[Any]) -> list[Any]:
+        return [kw.UNACKED, kw.UNACKED_INDEX, kw.DELAYED, kw.DELAYED_MSGS, 0, *groups]
+
+    # -- consumer -----------------------------------------------------------------------
+    async def connect(self, consumer_id: str) -> None:
+        if consumer_id != self.consumer_id:
+            self._holding.clear()
+        self.consumer_id = consumer_id
+
+    def results_namespace(self, backend: ResultBackend) -> str | None:
+        return None  # results are stored by the backend, not in our fetch script
+
+    async def fetch(self, queues: Sequence[str], limit: int, timeout: float) -> list[Delivery]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = await self._fetch(queues, limit)
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                return got
+            await asyncio.sleep(min(self._poll, remaining))
+            self._poll = min(self._poll * 2, _POLL_MAX)
+
+    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Any],
+                       results_namespace: str | None, queues: Sequence[str], limit: int
+                       ) -> list[Delivery]:
+        if results:
+            raise ValueError("the kombu layout cannot store results in its fetch")
+        if acks:
+            await self.ack(acks)
+        return await self._fetch(queues, limit) if limit > 0 else []
+
+    async def wait_ready(self, queues: Sequence[str], limit: int, timeout: float
+                         ) -> list[Delivery] | None:
+        await asyncio.sleep(min(self._poll, max(timeout, 0.0)))
+        self._poll = min(self._poll * 2, _POLL_MAX)
+        return None
+
+    async def _fetch(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        names = list(dict.fromkeys(queues))
+        if limit <= 0 or not names:
+            return []
+        args: list[Any] = [kw.UNACKED, kw.UNACKED_INDEX, kw.DELAYED, kw.DELAYED_MSGS, limit,
+                           repr(time.time())]
+        for key, queue in kw.list_keys(names):
+            args += [key, queue]
+        reply = await self.conn.acall(lambda client, ns: _ascript(client, kw.FETCH, args))
+        out = []
+        for i in range(0, len(reply), 3):
+            key, raw, tag = reply[i].decode(), bytes(reply[i + 1]), reply[i + 2].decode()
+            message, env = kw.parse(raw)
+            held = Held(tag, key, raw)
+            self._holding[tag] = held
+            out.append(Delivery(message, kw.queue_of(key), held, kw.delivery_count(env)))
+        if out:
+            self._poll = _POLL_MIN
+        return out
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        tags = [d.tag.tag for d in deliveries]
+        if not tags:
+            return
+
+        async def drop(client: aredis.Redis, ns: str) -> None:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.zrem(kw.UNACKED_INDEX, *tags)
+                pipe.hdel(kw.UNACKED, *tags)
+                await pipe.execute()
+
+        await self.conn.acall(drop)
+        for tag in tags:
+            self._holding.pop(tag, None)
+
+    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
+                      delay: float = 0.0) -> None:
+        groups: list[Any] = []
+        for d in deliveries:
+            held: Held = d.tag
+            groups += [held.tag, "", held.key, kw.redelivered(held.raw, counted=redelivered),
+                       max(round(delay * 1000), 0)]
+        if groups:
+            await self._move([d.tag.tag for d in deliveries], groups)
+
+    async def _move(self, tags: list[str], groups: list[Any]) -> None:
+        try:
+            await self.conn.acall(lambda client, ns: _ascript(client, kw.MOVE,
+                                                             self._move_args(groups)))
+        finally:
+            for tag in tags:
+                self._holding.pop(tag, None)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        held: Held = delivery.tag
+        record = orjson.dumps({"queue": delivery.queue, "reason": reason,
+                               "count": delivery.delivery_count, "at": time.time(),
+                               "raw": held.raw.decode("utf-8", "replace")})
+
+        async def move(client: aredis.Redis, ns: str) -> None:
+            seq = int(await client.incr(kw.SEQ))
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.zrem(kw.UNACKED_INDEX, held.tag)
+                pipe.hdel(kw.UNACKED, held.tag)
+                pipe.hset(kw.DEAD, str(seq), record)
+                pipe.zadd(kw.DEAD_IDS, {str(seq): seq})
+                await pipe.execute()
+
+        try:
+            await self.conn.acall(move)
+        finally:
+            self._holding.pop(held.tag, None)
+
+    async def renew_lease(self) -> int:
+        """Re-stamp what this worker holds (so no one restores it under a live worker),
+        then restore messages unacknowledged for longer than the visibility timeout, as
+        kombu's ``restore_visible`` does (under kombu's ``unacked_mutex``)."""
+        now = time.time()
+        held = list(self._holding)
+        if held:
+            await self.conn.acall(lambda client, ns: client.zadd(
+                kw.UNACKED_INDEX, dict.fromkeys(held, now), xx=True))
+        return await self.conn.acall(self._restore_visible)
+
+    async def _restore_visible(self, client: aredis.Redis, ns: str) -> int:
+        token = new_id()
+        if not await client.set(kw.UNACKED_MUTEX, token, nx=True, px=kw.MUTEX_EXPIRE_MS):
+            return 0  # another worker (kombu's or ours) is restoring
+        try:
+            ceil = time.time() - self.visibility_timeout
+            tags = [_text(t) for t in await client.zrangebyscore(
+                kw.UNACKED_INDEX, 0, ceil, start=0, num=_RESTORE_BATCH)]
+            if not tags:
+                return 0
+            values = await client.hmget(kw.UNACKED, tags)
+            groups: list[Any] = []
+            for tag, value in zip(tags, values, strict=True):
+                if value is None:
+                    await client.zrem(kw.UNACKED_INDEX, tag)
+                    continue
+                target = await self._target(client, _raw(value))
+                if target is None:
+                    continue
+                key, raw = target
+                groups += [tag, value, key, kw.redelivered(raw, counted=True), 0]
+            moved = int(await _ascript(client, kw.MOVE, self._move_args(groups))) \
+                if groups else 0
+            if moved:
+                logger.warning("restored %d message(s) unacknowledged for over %.0f s "
+                               "(visibility_timeout) to their queues", moved,
+                               self.visibility_timeout)
+            return moved
+        finally:
+            await _ascript(client, kw.UNLOCK, [token], keys=[kw.UNACKED_MUTEX])
+
+    @staticmethod
+    async def _target(client: aredis.Redis, value: bytes) -> tuple[str, bytes] | None:
+        """Where kombu's ``_lookup`` sends a restored ``[envelope, exchange, routing
+        key]``: the routing key's queue (anonymous exchange), or the queues bound to it."""
+        try:
+            env, exchange, routing_key = orjson.loads(value)
+            raw = orjson.dumps(env)
+            priority = int(env["properties"].get("priority") or 0)
+        except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            logger.error("unacked entry is not [envelope, exchange, routing key]: %r",
+                         value[:200])
+            return None
+        queue = routing_key
+        if exchange:
+            for member in await client.smembers(kw.BINDING.format(exchange)):
+                rkey, _, bound = _text(member).split(kw.SEP)
+                if rkey == routing_key:
+                    queue = bound
+                    break
+        return kw.list_key(queue, priority), raw
+
+    async def disconnect(self) -> None:
+        try:
+            held = list(self._holding.values())
+            if held:
+                groups: list[Any] = []
+                for h in held:
+                    groups += [h.tag, "", h.key, h.raw, 0]  # given back, uncounted
+                await self._move([h.tag for h in held], groups)
+                logger.info("gave back %d message(s) on disconnect", len(held))
+        finally:
+            self._holding.clear()
+            await self.release()
+
+    # -- administration -----------------------------------------------------------------
+    def queue_length(self, queue: str) -> int:
+        def count(client: redis.Redis, ns: str) -> int:
+            pipe = client.pipeline(transaction=False)
+            for key, _ in kw.list_keys([queue]):
+                pipe.llen(key)
+            return sum(int(n) for n in pipe.execute())
+
+        return self.conn.call(count)
+
+    def purge(self, queue: str) -> int:
+        def drop(client: redis.Redis, ns: str) -> int:
+            keys = [key for key, _ in kw.list_keys([queue])]
+            pipe = client.pipeline(transaction=True)
+            for key in keys:
+                pipe.llen(key)
+            pipe.delete(*keys)
+            return sum(int(n) for n in pipe.execute()[:-1])
+
+        return self.conn.call(drop)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        return self.conn.call(lambda client, ns: kw.dead_letters(client, limit)) \
+            if limit > 0 else []
+
+    def requeue_dead(self, ids: Sequence[int | str]) -> int:
+        return self.conn.call(lambda client, ns: kw.requeue_dead(client, ids))
+
+    def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
+        return self.conn.call(lambda client, ns: kw.purge_dead(client, ids))
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat()
+
+
+def _script(client: redis.Redis, source: str, args: Sequence[Any],
+            keys: Sequence[str] = ()) -> Any:
+    return client.register_script(source)(keys=list(keys), args=list(args), client=client)
+
+
+async def _ascript(client: aredis.Redis, source: str, args: Sequence[Any],
+                   keys: Sequence[str] = ()) -> Any:
+    return await client.register_script(source)(keys=list(keys), args=list(args),
+                                                client=client)

@@ -1,0 +1,314 @@
+"""kombu's Redis layout, as Celery's workers and producers read and write it: key names,
+priority steps, the message envelope, and the scripts the kombu-layout transport runs.
+
+What kombu (``kombu/transport/redis.py``, ``kombu/transport/virtual/base.py``) keeps in
+Redis, with its default transport options::
+
+    <queue>, <queue>\\x06\\x163, <queue>\\x06\\x166, <queue>\\x06\\x169
+                       lists   the ready messages of one queue, one list per priority
+                               step (0, 3, 6, 9: a priority rounds down to its step); a
+                               producer LPUSHes, a consumer BRPOPs the step-0 list of
+                               every queue first, so on kombu's Redis 0 is the HIGHEST
+                               priority
+    _kombu.binding.<exchange>, _kombu.binding_permanent.<exchange> (kombu 5.7)
+                       set     "<routing key>\\x06\\x16<pattern>\\x06\\x16<queue>" per binding;
+                               read to route a restored message back to its queue
+    unacked            hash    delivery tag -> JSON [envelope, exchange, routing key]:
+                               messages handed out and not yet acknowledged
+    unacked_index      zset    delivery tag -> when it was handed out (unix seconds)
+    unacked_mutex      string  held (SET NX, 300 s) by whoever restores timed-out messages
+
+A message in a list is one JSON object::
+
+    {"body": base64 of the serialized [args, kwargs, embed], "content-encoding": "utf-8",
+     "content-type": "application/json", "headers": {protocol v2 headers},
+     "properties": {"correlation_id", "reply_to", "delivery_mode": 2,
+                    "delivery_info": {"exchange": "", "routing_key": <queue>},
+                    "priority": 0, "body_encoding": "base64", "delivery_tag": <uuid>}}
+
+Keys of celeriac's own (kombu never reads a key it did not name, so they sit beside
+kombu's harmlessly): ``_celeriac.kombu.delayed`` (zset, id -> due unix ms) and
+``_celeriac.kombu.delayed.m`` (hash, id -> "<list key>\\n<envelope>"): where a celeriac
+worker parks a message until its ``eta`` or a lost delivery's backoff;
+``_celeriac.kombu.dead`` (hash, id -> JSON record) and ``_celeriac.kombu.dead.ids`` (zset,
+order of death): dead letters; ``_celeriac.kombu.seq``: ids for both.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..errors import DecodeError
+from ..protocol import DECODE_ERROR_HEADER, Message, new_id
+from .base import DeadLetter
+
+if TYPE_CHECKING:
+    import redis
+
+SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+UNACKED_MUTEX = "unacked_mutex"
+MUTEX_EXPIRE_MS = 300_000
+"""kombu's ``unacked_mutex_expire`` (5 minutes)."""
+VISIBILITY_TIMEOUT = 3600.0
+"""kombu's default ``visibility_timeout``: an unacknowledged message is restored to its
+queue by any worker this many seconds after it was handed out."""
+BINDING = "_kombu.binding.{}"
+BINDING_PERMANENT = "_kombu.binding_permanent.{}"
+"""kombu 5.7: a binding table with members here is never swept as expired."""
+DELAYED = "_celeriac.kombu.delayed"
+DELAYED_MSGS = "_celeriac.kombu.delayed.m"
+DEAD = "_celeriac.kombu.dead"
+DEAD_IDS = "_celeriac.kombu.dead.ids"
+SEQ = "_celeriac.kombu.seq"
+COUNT_HEADER = "x-celeriac-deliveries"
+"""Losses so far, carried in the message (kombu keeps no count; it only sets
+``redelivered``), so ``task_max_deliveries`` holds on this layout too."""
+
+
+def step(priority: int) -> int:
+    """kombu's ``priority()``: a priority rounded down to its step."""
+    return PRIORITY_STEPS[bisect.bisect(PRIORITY_STEPS, priority) - 1]
+
+
+def list_key(queue: str, priority: int) -> str:
+    """kombu's ``_q_for_pri``: the list a message of ``priority`` waits in."""
+    pri = step(min(max(priority, 0), 9))
+    return f"{queue}{SEP}{pri}" if pri else queue
+
+
+def list_keys(queues: Sequence[str]) -> list[tuple[str, str]]:
+    """``(list key, queue)`` in the order kombu's consumer pops them: every queue's
+    step-0 list first, then step 3..."""
+    return [(list_key(q, p), q) for p in PRIORITY_STEPS for q in queues]
+
+
+def queue_of(key: str) -> str:
+    return key.rsplit(SEP, 1)[0] if SEP in key else key
+
+
+def binding_member(queue: str) -> str:
+    """Celery's binding of a queue it creates: exchange and routing key named after it."""
+    return SEP.join([queue, "", queue])
+
+
+def envelope(queue: str, message: Message) -> bytes:
+    """The JSON kombu's producer would LPUSH for ``message`` on ``queue`` (Celery sends a
+    task through the default exchange, routing key = queue name)."""
+    props = message.properties
+    return orjson.dumps({
+        "body": base64.b64encode(message.body).decode("ascii"),
+        "content-encoding": message.content_encoding,
+        "content-type": message.content_type,
+        "headers": message.headers,
+        "properties": {
+            "correlation_id": props.get("correlation_id") or message.headers.get("id"),
+            "reply_to": props.get("reply_to"),
+            "delivery_mode": props.get("delivery_mode") or 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": message.priority,
+            "body_encoding": "base64",
+            "delivery_tag": new_id(),
+        },
+    })
+
+
+def parse(raw: bytes) -> tuple[Message, dict[str, Any]]:
+    """A kombu envelope as a ``Message`` (body decoded) and the envelope itself. An
+    envelope that cannot be read comes back as a message the consumer dead-letters."""
+    try:
+        env = orjson.loads(raw)
+        if not isinstance(env, dict) or not isinstance(env.get("properties"), dict):
+            raise DecodeError("not a kombu message envelope")
+        props: dict[str, Any] = env["properties"]
+        body = env.get("body") or ""
+        encoding = props.get("body_encoding")
+        if encoding == "base64":
+            data = base64.b64decode(body, validate=True)
+        elif encoding in (None, "utf-8") and isinstance(body, str):
+            data = body.encode()
+        else:
+            raise DecodeError(f"body_encoding {encoding!r} is not base64 or utf-8")
+        headers = env.get("headers")
+        if not isinstance(headers, dict):
+            raise DecodeError("headers are not a mapping")
+        keep: dict[str, Any] = {k: props[k] for k in ("correlation_id", "reply_to", "delivery_mode",
+                                      "delivery_info") if k in props}
+        keep["priority"] = props.get("priority") or 0
+        return (Message(headers, data, env.get("content-type") or "application/json",
+                        env.get("content-encoding") or "utf-8", keep), env)
+    except (orjson.JSONDecodeError, DecodeError, binascii.Error, TypeError,
+            ValueError) as exc:
+        reason = f"malformed kombu message envelope: {exc}"
+        return Message({DECODE_ERROR_HEADER: reason}, raw, "application/data"), {}
+
+
+def delivery_count(env: Mapping[str, Any]) -> int:
+    headers = env.get("headers") if isinstance(env.get("headers"), dict) else {}
+    assert isinstance(headers, dict)
+    counted = headers.get(COUNT_HEADER)
+    losses = counted if type(counted) is int and counted >= 0 else 0
+    if not losses and headers.get("redelivered"):
+        losses = 1  # restored by a kombu worker, which keeps no count
+    return 1 + losses
+
+
+def redelivered(raw: bytes, *, counted: bool) -> bytes:
+    """The envelope as kombu restores it (``redelivered`` set in headers and
+    delivery_info), with our loss count one higher when ``counted``."""
+    try:
+        env = orjson.loads(raw)
+        headers = env["headers"]
+        props = env["properties"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return raw  # unreadable: the consumer dead-letters it on its next delivery
+    if counted:
+        losses = delivery_count(env)  # this loss included: read before the flag is set
+        headers["redelivered"] = True
+        if isinstance(props.get("delivery_info"), dict):
+            props["delivery_info"]["redelivered"] = True
+        headers[COUNT_HEADER] = losses
+    return orjson.dumps(env)
+
+
+
+# -- dead letters (celeriac's; kombu has none) ----------------------------------------------
+def dead_letters(client: redis.Redis, limit: int) -> list[DeadLetter]:
+    ids = [_text(i) for i in client.zrange(DEAD_IDS, 0, limit - 1)]
+    records = client.hmget(DEAD, ids) if ids else []
+    out = []
+    for dead_id, record in zip(ids, records, strict=True):
+        if record is None:
+            continue
+        r = orjson.loads(record)
+        message, _ = parse(r["raw"].encode())
+        out.append(DeadLetter(int(dead_id), r["queue"], r["reason"], message,
+                              int(r["count"]), float(r["at"])))
+    return out
+
+
+def requeue_dead(client: redis.Redis, ids: Sequence[int | str]) -> int:
+    moved = 0
+    for dead_id in (str(i) for i in ids):
+        record = client.hget(DEAD, dead_id)
+        if record is None:
+            continue
+        r = orjson.loads(record)
+        env = orjson.loads(r["raw"])
+        env.get("headers", {}).pop(COUNT_HEADER, None)  # a new delivery
+        priority = int((env.get("properties") or {}).get("priority") or 0)
+        pipe = client.pipeline(transaction=True)
+        pipe.lpush(list_key(r["queue"], priority), orjson.dumps(env))
+        pipe.hdel(DEAD, dead_id)
+        pipe.zrem(DEAD_IDS, dead_id)
+        pipe.execute()
+        moved += 1
+    return moved
+
+
+def purge_dead(client: redis.Redis, ids: Sequence[int | str] | None) -> int:
+    chosen = [str(i) for i in ids] if ids is not None else \
+        [_text(i) for i in client.zrange(DEAD_IDS, 0, -1)]
+    if not chosen:
+        return 0
+    pipe = client.pipeline(transaction=True)
+    pipe.hdel(DEAD, *chosen)
+    pipe.zrem(DEAD_IDS, *chosen)
+    return int(pipe.execute()[0])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+# Popping in Lua (RPOP and recording it in ``unacked`` in one step) leaves no moment
+# where a message is neither in its list nor in ``unacked``. kombu's BRPOP has one: a
+# worker that dies between the BRPOP reply and its HSET loses the message.
+FETCH = """
+-- ARGV: unacked, unacked_index, delayed, delayed messages, limit, now (unix s, the
+-- client's clock as kombu's), then pairs (list key, queue) in pop order.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', ARGV[3], '-inf', now_ms, 'LIMIT', 0, 1000)
+for _, id in ipairs(due) do
+  local v = redis.call('HGET', ARGV[4], id)
+  redis.call('ZREM', ARGV[3], id)
+  redis.call('HDEL', ARGV[4], id)
+  if v then
+    local nl = string.find(v, '\\n', 1, true)
+    redis.call('RPUSH', string.sub(v, 1, nl - 1), string.sub(v, nl + 1))
+  end
+end
+local out = {}
+local n, limit = 0, tonumber(ARGV[5])
+for i = 7, #ARGV, 2 do
+  while n < limit do
+    local item = redis.call('RPOP', ARGV[i])
+    if not item then break end
+    local ok, msg = pcall(cjson.decode, item)
+    local tag, ex, rk
+    if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
+      tag = msg.properties.delivery_tag
+      local info = msg.properties.delivery_info
+      if type(info) == 'table' then ex, rk = info.exchange, info.routing_key end
+    end
+    if type(tag) ~= 'string' then
+      tag = 'celeriac-untagged-' .. redis.call('INCR', '_celeriac.kombu.seq')
+    end
+    if type(ex) ~= 'string' then ex = '' end
+    if type(rk) ~= 'string' then rk = ARGV[i + 1] end
+    local entry = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
+    redis.call('HSET', ARGV[1], tag, entry)
+    redis.call('ZADD', ARGV[2], ARGV[6], tag)
+    n = n + 1
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = item
+    out[#out + 1] = tag
+  end
+  if n >= limit then break end
+end
+return out
+"""
+
+MOVE = """
+-- Take messages out of unacked (if still there, unchanged when old is given) and put
+-- them back: RPUSH to the front of their list, or into the delay store.
+-- ARGV: unacked, unacked_index, delayed, delayed messages, (unused); then groups of
+-- (tag or '' for a message not taken from unacked, old value or '', list key, new
+-- envelope, delay ms).
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local moved = 0
+for i = 6, #ARGV, 5 do
+  local tag, old = ARGV[i], ARGV[i + 1]
+  local cur = tag == '' or redis.call('HGET', ARGV[1], tag)
+  if cur and (old == '' or cur == old) then
+    if tag ~= '' then
+      redis.call('HDEL', ARGV[1], tag)
+      redis.call('ZREM', ARGV[2], tag)
+    end
+    local delay = tonumber(ARGV[i + 4])
+    if delay > 0 then
+      local id = 'd' .. redis.call('INCR', '_celeriac.kombu.seq')
+      redis.call('HSET', ARGV[4], id, ARGV[i + 2] .. '\\n' .. ARGV[i + 3])
+      redis.call('ZADD', ARGV[3], now_ms + delay, id)
+    else
+      redis.call('RPUSH', ARGV[i + 2], ARGV[i + 3])
+    end
+    moved = moved + 1
+  end
+end
+return moved
+"""
+
+UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

@@ -1,0 +1,67 @@
+"""The celeriac side of the compatibility tests: the tasks of ``celery_proj.py``, under
+the same names, in a celeriac app. Configured from the environment: ``COMPAT_BROKER``,
+``COMPAT_BACKEND`` (celeriac's compatibility URLs: ``?layout=kombu``, ``?layout=celery``,
+``db+postgresql://``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celeriac import Celeriac
+
+app = Celeriac("compat", broker=os.environ["COMPAT_BROKER"],
+               backend=os.environ["COMPAT_BACKEND"],
+               result_extended=os.environ.get("COMPAT_EXTENDED") == "1",
+               worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")))
+
+
+@app.task(name="compat.add")
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@app.task(name="compat.mul")
+def mul(x: int, y: int) -> int:
+    return x * y
+
+
+@app.task(name="compat.total")
+def total(values: list[int]) -> int:
+    return sum(values)
+
+
+@app.task(name="compat.boom")
+def boom(message: str) -> None:
+    raise ValueError(message)
+
+
+@app.task(name="compat.who")
+def who(*args: Any) -> list[Any]:
+    return ["celeriac", *args]
+
+
+@app.task(name="compat.noop")
+def noop(i: int | None = None) -> int | None:
+    return i
+
+
+@app.task(name="compat.slow_who")
+def slow_who(seconds: float) -> str:
+    time.sleep(seconds)
+    return "celeriac"
+
+
+@app.task(name="compat.log_error")
+def log_error(task_id: str) -> str:
+    return f"errback for {task_id}"
+
+
+@app.task(name="compat.count_total")
+def count_total(values: list[int], key: str) -> int:
+    """A chord body that counts its runs in Redis (``COMPAT_COUNTER`` names the DB)."""
+    import redis
+
+    redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).incr(key)
+    return sum(values)

@@ -1,0 +1,70 @@
+"""The Celery side of the compatibility tests: a plain Celery 5 app, run in the Celery
+virtualenv (``tests/.venv-celery``) as ``celery -A celery_proj worker`` and by
+``celery_driver.py``. Its tasks have the names of ``celeriac_proj.py``'s, so either
+fleet runs what the other sends; ``compat.who`` tells which one ran a task.
+
+Configured from the environment: ``COMPAT_BROKER``, ``COMPAT_BACKEND``."""
+
+import os
+import time
+
+from celery import Celery
+
+app = Celery("compat", broker=os.environ["COMPAT_BROKER"],
+             backend=os.environ["COMPAT_BACKEND"])
+app.conf.update(
+    result_extended=os.environ.get("COMPAT_EXTENDED") == "1",
+    worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")),
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+
+@app.task(name="compat.add")
+def add(x, y):
+    return x + y
+
+
+@app.task(name="compat.mul")
+def mul(x, y):
+    return x * y
+
+
+@app.task(name="compat.total")
+def total(values):
+    return sum(values)
+
+
+@app.task(name="compat.boom")
+def boom(message):
+    raise ValueError(message)
+
+
+@app.task(name="compat.who")
+def who(*args):
+    return ["celery", *args]
+
+
+@app.task(name="compat.noop")
+def noop(i=None):
+    return i
+
+
+@app.task(name="compat.slow_who")
+def slow_who(seconds):
+    time.sleep(seconds)
+    return "celery"
+
+
+@app.task(name="compat.log_error")
+def log_error(task_id):
+    return f"errback for {task_id}"
+
+
+@app.task(name="compat.count_total")
+def count_total(values, key):
+    """A chord body that counts its runs in Redis (``COMPAT_COUNTER`` names the DB)."""
+    import redis
+
+    redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).incr(key)
+    return sum(values)
