@@ -110,7 +110,8 @@ def sentinel_set(tmp: Path) -> Iterator[SentinelSet]:
     procs = Procs(tmp)
     master, replica, *sentinels = free_ports(5)
     try:
-        procs.start(master)
+        # No 5 s pause before the first full sync (repl-diskless-sync-delay's default).
+        procs.start(master, "--repl-diskless-sync-delay", "0")
         procs.start(replica, "--replicaof", HOST, str(master))
         monitor = [f"sentinel monitor mymaster {HOST} {master} 2",
                    "sentinel down-after-milliseconds mymaster 600",
@@ -119,6 +120,15 @@ def sentinel_set(tmp: Path) -> Iterator[SentinelSet]:
         for port in sentinels:
             procs.start(port, *monitor, sentinel=True)
         s = SentinelSet(master, replica, sentinels, procs)
+
+        def in_sync() -> bool:
+            c = redis.Redis(HOST, replica, socket_timeout=2, decode_responses=True)
+            try:
+                return bool(c.info("replication").get("master_link_status") == "up")
+            finally:
+                c.close()
+
+        wait_until(in_sync, 20, interval=0.05, message="the replica in sync with the master")
 
         def ready() -> bool:
             # Every sentinel knows the replica (in sync) and the two other sentinels: a
