@@ -8,6 +8,7 @@ Every wait polls with a deadline (``celeriac.testing.wait_until``).
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -45,6 +46,26 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def free_cluster_ports(n: int) -> list[int]:
+    """``n`` ports that are free with their cluster bus port (+10000, so below 55536)."""
+    found: list[int] = []
+    for port in random.sample(range(20000, 30000), 200):
+        if len(found) == n:
+            break
+        socks = [socket.socket() for _ in range(2)]
+        try:
+            socks[0].bind((HOST, port))
+            socks[1].bind((HOST, port + 10000))
+            found.append(port)
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    assert len(found) == n, "no free ports for a cluster"
+    return found
 
 
 @dataclass
@@ -168,7 +189,7 @@ class Cluster:
 def cluster(tmp: Path, masters: int = 3) -> Iterator[Cluster]:
     """A Redis Cluster of ``masters`` masters and no replicas, all slots covered."""
     procs = Procs(tmp)
-    ports = free_ports(masters)
+    ports = free_cluster_ports(masters)
     try:
         for port in ports:
             procs.start(port, "--cluster-enabled", "yes", "--cluster-config-file",
