@@ -5,11 +5,9 @@ A URL is redis-py's (``redis://[user:password@]host:port/db``, ``rediss://`` for
 our own query parameter ``namespace`` (default ``celeriac``), the prefix of every key;
 it is taken out before the URL reaches redis-py. Several URLs separated by ``;`` are
 tried in order (``broker_failover_strategy="round-robin"``) or in a shuffled order
-(``"shuffle"``): a connection failure moves to the next one. Behind Redis Sentinel
-(``redis+sentinel://``, ``topology.py``) there is one endpoint whose address the sentinels
-give: a connection failure or a READONLY reply forgets it, and the next attempt asks them
-again, so the retries below carry a client across a failover. A new master has no
-scripts cached: EVALSHA's NOSCRIPT loads them again (``lanes.py``, redis-py's ``Script``).
+(``"shuffle"``): a connection failure moves to the next one. Behind Sentinel
+(``topology.py``) a connection failure or READONLY forgets the master, the next attempt
+asks the sentinels again, and NOSCRIPT on the new master loads the scripts again.
 
 Clients belong to one process (re-created when ``os.getpid()`` changes, never closed
 in a child) and async clients to one event loop. redis-py's own retries are off: the
@@ -44,11 +42,13 @@ from .._net import backoff, retry_policy
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
 from .lanes import AsyncLane, SyncLane, lane_params
 from .scripts import NotReplicated, check_wait, script_sha, script_source
-from .topology import Endpoint, adiscover, discover, parse, where
+from .topology import DEFAULT_NAMESPACE, Endpoint, adiscover, discover, parse, parse_url, where
 
 if TYPE_CHECKING:
     from ..settings import Settings
 
+__all__ = ["DEFAULT_NAMESPACE", "Connector", "Endpoint", "parse_url", "script_sha",
+           "script_source"]  # the first and the last three lived here before
 logger = logging.getLogger("celeriac.redis")
 
 T = TypeVar("T")
@@ -293,7 +293,8 @@ class Connector:
         for attempt in (1, 2):
             endpoint = self.endpoint
             try:
-                await self._aresolve()
+                if endpoint.sentinels is not None:
+                    await self._aresolve()
                 return await op(self._async()[0], endpoint.namespace)
             except redis.AuthenticationError as exc:
                 raise self._error(endpoint, exc) from exc

@@ -162,6 +162,12 @@ def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
     return endpoints, durability
 
 
+def parse_url(url: str) -> Endpoint:
+    """One plain Redis URL (no Sentinel, no Cluster) as an ``Endpoint``."""
+    [endpoint], _ = parse([url], {}, "broker")
+    return endpoint
+
+
 def _userinfo(parts: Any) -> str:
     if parts.password is None and not parts.username:
         return ""

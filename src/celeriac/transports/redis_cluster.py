@@ -22,9 +22,7 @@ move stays inside one script. What it costs:
 - an idle consumer of several queues blocks on each queue's wake list at once (one
   connection each) and wakes at the first token;
 - delivery tags and dead-letter ids are ``<id>@<queue>`` (ids count per queue);
-- results are stored by the worker through the result backend, not inside the exchange
-  (they live in other slots); ``backends/redis_cluster.py``.
-
+- results are stored through the result backend (other slots), not in the exchange.
 Broadcasts use pub/sub on one node: a Cluster relays PUBLISH to every node.
 """
 
