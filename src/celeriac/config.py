@@ -50,7 +50,7 @@ HARMLESS: dict[str, str] = {
         "redis_socket_keepalive", "redis_socket_timeout", "redis_backend_health_check_interval",
         "result_backend_always_retry", "result_backend_base_sleep_between_retries_ms",
         "result_backend_max_retries", "result_backend_max_sleep_between_retries_ms",
-        "result_backend_transport_options", "result_cache_max", "result_persistent",
+        "result_cache_max", "result_persistent",
         "result_exchange", "result_exchange_type"],
         "the result backend's connections and retries are celeriac's own"),
     **dict.fromkeys([

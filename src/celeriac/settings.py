@@ -158,6 +158,9 @@ class Settings:
     """With several ``;``-separated broker URLs: ``round-robin`` (in order) or ``shuffle``."""
     broker_transport_options: Mapping[str, str] = field(default_factory=dict)
     """Transport-specific options, e.g. ``{"queue_type": "quorum"}`` for RabbitMQ."""
+    result_backend_transport_options: Mapping[str, str] = field(default_factory=dict)
+    """Result-backend-specific options, e.g. ``{"master_name": "mymaster"}`` behind Redis
+    Sentinel."""
 
     def __post_init__(self) -> None:
         # Celery's documented forms (strings of numbers, lists for tuples, timedeltas for

@@ -273,6 +273,9 @@ BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "resu
     "sqlite": ("celeriac.backends.sqlite", "SQLiteBackend"),
     "redis": ("celeriac.backends.redis", "RedisBackend"),
     "rediss": ("celeriac.backends.redis", "RedisBackend"),
+    "redis+sentinel": ("celeriac.backends.redis", "RedisBackend"),
+    "sentinel": ("celeriac.backends.redis", "RedisBackend"),
+    "redis+cluster": ("celeriac.backends.redis_cluster", "RedisClusterBackend"),
     "postgresql": ("celeriac.backends.postgres", "PostgresBackend"),
     "postgres": ("celeriac.backends.postgres", "PostgresBackend"),
     # Celery's SQLAlchemy backend's URL: its celery_taskmeta table (compatibility mode).

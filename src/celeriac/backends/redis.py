@@ -98,7 +98,8 @@ class RedisBackend(ResultBackend):
         super().__init__(url, settings)
         # The socket timeout covers the longest block plus a slow network.
         self.conn = Connector(url.split(";"), settings, "result backend",
-                              read_timeout=settings.broker_connection_timeout + _MAX_BLOCK)
+                              read_timeout=settings.broker_connection_timeout + _MAX_BLOCK,
+                              options=settings.result_backend_transport_options)
         self._local = threading.local()
 
     def store_many(self, items: Sequence[Stored]) -> None:

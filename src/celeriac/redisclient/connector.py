@@ -5,7 +5,9 @@ A URL is redis-py's (``redis://[user:password@]host:port/db``, ``rediss://`` for
 our own query parameter ``namespace`` (default ``celeriac``), the prefix of every key;
 it is taken out before the URL reaches redis-py. Several URLs separated by ``;`` are
 tried in order (``broker_failover_strategy="round-robin"``) or in a shuffled order
-(``"shuffle"``): a connection failure moves to the next one.
+(``"shuffle"``): a connection failure moves to the next one. Behind Sentinel
+(``topology.py``) a connection failure or READONLY forgets the master, the next attempt
+asks the sentinels again, and NOSCRIPT on the new master loads the scripts again.
 
 Clients belong to one process (re-created when ``os.getpid()`` changes, never closed
 in a child) and async clients to one event loop. redis-py's own retries are off: the
@@ -20,18 +22,14 @@ transport's scripts are written so that a repeat does no harm.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import random
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from importlib import resources
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
@@ -40,62 +38,24 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
-from .._net import backoff, mask_password, retry_policy
+from .._net import backoff, retry_policy
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
-from .lanes import AsyncLane, SyncLane, lane_params, sha1
+from .lanes import AsyncLane, SyncLane, lane_params
+from .scripts import NotReplicated, check_wait, script_sha, script_source
+from .topology import DEFAULT_NAMESPACE, Endpoint, adiscover, discover, parse, parse_url, where
 
 if TYPE_CHECKING:
     from ..settings import Settings
 
+__all__ = ["DEFAULT_NAMESPACE", "Connector", "Endpoint", "parse_url", "script_sha",
+           "script_source"]  # the first and the last three lived here before
 logger = logging.getLogger("celeriac.redis")
 
 T = TypeVar("T")
-DEFAULT_NAMESPACE = "celeriac"
 FAILOVER_STRATEGIES = ("round-robin", "shuffle")
 # Worth another try (on the next URL, if there are several). READONLY means this URL now
 # points at a replica: after a failover the primary is elsewhere.
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, TimeoutError)
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    url: str
-    """For redis-py: without our query parameters."""
-    safe: str
-    """For messages and logs: the password masked."""
-    namespace: str
-    secrets: tuple[str, ...]
-    """Strings that must never appear in a message (the password)."""
-
-
-def parse_url(url: str) -> Endpoint:
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigurationError(f"not a Redis URL: {mask_password(url)!r}")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    namespace = DEFAULT_NAMESPACE
-    for name, value in query:
-        if name == "namespace":
-            namespace = value
-    if not namespace:
-        raise ConfigurationError(f"empty namespace in {mask_password(url)!r}")
-    rest = urlencode([(k, v) for k, v in query if k != "namespace"])
-    raw = (parts.password, dict(query).get("password"))
-    secrets = tuple({t for s in raw if s for t in (s, unquote(s))})
-    return Endpoint(urlunsplit(parts._replace(query=rest)), mask_password(url), namespace,
-                    secrets)
-
-
-@functools.cache
-def script_source(name: str) -> str:
-    """``lua/<name>.lua`` behind ``lua/common.lua`` (the key layout and shared helpers)."""
-    lua = resources.files("celeriac.redisclient").joinpath("lua")
-    return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
-
-
-@functools.cache
-def script_sha(name: str) -> str:
-    return sha1(script_source(name))
 
 
 class Connector:
@@ -103,14 +63,16 @@ class Connector:
     clients for it."""
 
     def __init__(self, urls: Sequence[str], settings: Settings, role: str, *,
-                 read_timeout: float | None) -> None:
+                 read_timeout: float | None, options: Mapping[str, Any] | None = None) -> None:
         if settings.broker_failover_strategy not in FAILOVER_STRATEGIES:
             raise ConfigurationError(
                 f"broker_failover_strategy must be one of {', '.join(FAILOVER_STRATEGIES)}; "
                 f"got {settings.broker_failover_strategy!r}")
-        self.endpoints = [parse_url(u) for u in urls if u.strip()]
-        if not self.endpoints:
-            raise ConfigurationError(f"no Redis URL for the {role}")
+        self.endpoints, self.durability = parse(urls, options or {}, role)
+        if self.endpoints[0].cluster:
+            raise ConfigurationError(
+                f"{self.endpoints[0].safe!r} is a Redis Cluster: the {role} has no Cluster "
+                f"client here")
         if settings.broker_failover_strategy == "shuffle":
             random.shuffle(self.endpoints)
         self.settings = settings
@@ -119,6 +81,11 @@ class Connector:
         self.async_failures = 0
         """Connection errors seen by async calls (a caller can tell that a reply was lost)."""
         self._current = 0
+        self._gen = 0
+        """Bumped whenever the server to talk to changes (failover): clients and lanes made
+        for an older generation are replaced."""
+        self._masters: dict[int, str] = {}
+        """Behind sentinels: endpoint index -> the master's URL they gave (until it fails)."""
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._client: tuple[int, redis.Redis, dict[str, Script]] | None = None
@@ -127,7 +94,7 @@ class Connector:
         self._stale: list[aredis.Redis] = []
         # Lanes (``lanes.py``): scripts bypass redis-py. Per thread (sync) and per event loop
         # (async), for the current endpoint; None where only redis-py will do.
-        self._params = [lane_params(e.url) for e in self.endpoints]
+        self._params: tuple[int, dict[str, Any] | None] | None = None
         self._lanes = threading.local()
         self._all_lanes: list[SyncLane] = []
         self._alane: tuple[int, asyncio.AbstractEventLoop, asyncio.Future[AsyncLane]] | None = None
@@ -145,10 +112,37 @@ class Connector:
             "client_name": re.sub(r"[^!-~]", "-", name),  # printable, no spaces
         }
 
+    def _url(self) -> str:
+        """The current server's URL for redis-py; behind sentinels, asks them first unless
+        it knows the master (``redis.ConnectionError`` when none of them can say)."""
+        endpoint = self.endpoint
+        if endpoint.sentinels is None:
+            return endpoint.url
+        url = self._masters.get(self._current)
+        if url is None:
+            url = discover(endpoint, self.settings.broker_connection_timeout)
+            self._found(url)
+        return url
+
+    async def _aresolve(self) -> None:
+        if self.endpoint.sentinels is not None and self._current not in self._masters:
+            self._found(await adiscover(self.endpoint, self.settings.broker_connection_timeout))
+
+    def _found(self, url: str) -> None:
+        self._masters[self._current] = url
+        logger.info("Redis (%s): the sentinels name %s as the master", self.role, where(url))
+
+    def _lane_params(self) -> dict[str, Any] | None:
+        held = self._params
+        if held is None or held[0] != self._gen:
+            held = self._params = (self._gen, lane_params(self._url()))
+        return held[1]
+
     def _check_pid(self) -> None:
         if self._pid != os.getpid():
             # The parent's sockets belong to the parent: forget them, never close them.
             self._client = self._aclient = None
+            self._params = None
             self._stale = []
             self._lock = threading.Lock()
             self._lanes = threading.local()
@@ -160,14 +154,15 @@ class Connector:
     def _sync(self) -> tuple[redis.Redis, dict[str, Script]]:
         self._check_pid()
         current = self._client
-        if current is None or current[0] != self._current:
+        if current is None or current[0] != self._gen:
+            gen, url = self._gen, self._url()
             with self._lock:
                 current = self._client
-                if current is None or current[0] != self._current:
+                if current is None or current[0] != gen:
                     client = redis.Redis.from_url(
-                        self.endpoint.url, socket_timeout=self.read_timeout,
+                        url, socket_timeout=self.read_timeout,
                         retry=Retry(NoBackoff(), 0), **self._options())
-                    current = self._client = (self._current, client, {})
+                    current = self._client = (gen, client, {})
         return current[1], current[2]
 
     def call(self, op: Callable[[redis.Redis, str], T]) -> T:
@@ -197,14 +192,14 @@ class Connector:
             time.sleep(delay)
 
     def _sync_lane(self) -> SyncLane | None:
-        params = self._params[self._current]
+        gen, params = self._gen, self._lane_params()
         if params is None:
             return None
         held: tuple[int, SyncLane] | None = getattr(self._lanes, "lane", None)
-        if held is None or held[0] != self._current or held[1].broken:
+        if held is None or held[0] != gen or held[1].broken:
             lane = SyncLane.open(params, self._options()["client_name"],
                                  self.settings.broker_connection_timeout, self.read_timeout)
-            held = self._lanes.lane = (self._current, lane)
+            held = self._lanes.lane = (gen, lane)
             with self._lock:
                 keep = [x for x in self._all_lanes if not x.broken and x.thread.is_alive()]
                 ended = [x for x in self._all_lanes if x not in keep]
@@ -213,17 +208,31 @@ class Connector:
                 old.close()  # its thread has ended (or it broke): nobody else uses it
         return held[1]
 
-    def run(self, name: str, args: Sequence[Any]) -> Any:
-        """Script ``name`` with ARGV = [namespace, *args], through ``call``."""
+    def run(self, name: str, args: Sequence[Any], *, durable: bool = False) -> Any:
+        """Script ``name`` with ARGV = [namespace, *args], through ``call``. ``durable``:
+        then ``WAIT`` for ``replicas_ack`` replicas on the same connection (WAIT counts
+        this connection's writes), if that option is set."""
+        replicas, timeout = self.durability.replicas if durable else 0, self.durability.timeout_ms
+
         def op(client: redis.Redis, namespace: str) -> Any:
             lane = self._sync_lane()
             if lane is not None:
-                return lane.evalsha(script_sha(name), script_source(name), [namespace, *args])
+                reply = lane.evalsha(script_sha(name), script_source(name), [namespace, *args])
+                if replicas:
+                    check_wait(lane.call("WAIT", replicas, timeout), replicas, timeout)
+                return reply
             scripts = self._sync()[1]
             script = scripts.get(name)
             if script is None:
                 script = scripts[name] = client.register_script(script_source(name))
-            return script(args=[namespace, *args], client=client)
+            if not replicas:
+                return script(args=[namespace, *args], client=client)
+            with client.pipeline(transaction=False) as pipe:
+                script(args=[namespace, *args], client=pipe)
+                pipe.wait(replicas, timeout)
+                reply, acked = pipe.execute()
+            check_wait(acked, replicas, timeout)
+            return reply
 
         return self.call(op)
 
@@ -241,8 +250,20 @@ class Connector:
 
     def _fail_over(self, failed: Endpoint, exc: BaseException) -> None:
         with self._lock:
-            if len(self.endpoints) > 1 and self.endpoint is failed:
+            if isinstance(exc, NotReplicated) or self.endpoint is not failed:
+                return  # the server answered; or another caller moved on already
+            if failed.sentinels is not None:
+                # The master we knew is gone or demoted: ask the sentinels again next time
+                # (mid-failover they may still name it; the caller's backoff spaces that).
+                master = self._masters.pop(self._current, None)
+                if master is not None:
+                    self._gen += 1
+                    logger.warning("Redis (%s) master %s failed (%s); asking the sentinels "
+                                   "again", self.role, where(master), self._clean(exc))
+                return
+            if len(self.endpoints) > 1:
                 self._current = (self._current + 1) % len(self.endpoints)
+                self._gen += 1
                 logger.warning("Redis (%s) at %s failed (%s); failing over to %s", self.role,
                                failed.safe, self._clean(exc), self.endpoint.safe)
 
@@ -251,15 +272,16 @@ class Connector:
         self._check_pid()
         loop = asyncio.get_running_loop()
         current = self._aclient
-        if current is None or current[0] != self._current or current[1] is not loop:
+        if current is None or current[0] != self._gen or current[1] is not loop:
             if current is not None and current[1] is loop:
                 self._stale.append(current[2])  # closed by aclose(), once nothing uses it
             # socket_timeout=None: BLPOP and pub/sub reads block for as long as they ask;
             # a peer that vanished is found by TCP keepalive or by the caller's guard.
+            gen, url = self._gen, self._url()
             client = aredis.Redis.from_url(
-                self.endpoint.url, socket_timeout=None,
+                url, socket_timeout=None,
                 retry=AsyncRetry(NoBackoff(), 0), **self._options())
-            current = self._aclient = (self._current, loop, client, {})
+            current = self._aclient = (gen, loop, client, {})
         return current[2], current[3]
 
     def aclient(self) -> aredis.Redis:
@@ -271,6 +293,8 @@ class Connector:
         for attempt in (1, 2):
             endpoint = self.endpoint
             try:
+                if endpoint.sentinels is not None:
+                    await self._aresolve()
                 return await op(self._async()[0], endpoint.namespace)
             except redis.AuthenticationError as exc:
                 raise self._error(endpoint, exc) from exc
@@ -286,12 +310,12 @@ class Connector:
         raise AssertionError("unreachable")
 
     async def _async_lane(self) -> AsyncLane | None:
-        params = self._params[self._current]
+        gen, params = self._gen, self._lane_params()
         if params is None:
             return None
         loop = asyncio.get_running_loop()
         held = self._alane
-        if held is not None and held[0] == self._current and held[1] is loop:
+        if held is not None and held[0] == gen and held[1] is loop:
             opening = held[2]
             if not opening.done():
                 return await asyncio.shield(opening)  # another caller is connecting
@@ -299,7 +323,7 @@ class Connector:
                 return opening.result()
         # One connection attempt at a time; its callers share the outcome.
         opening = loop.create_future()
-        self._alane = (self._current, loop, opening)
+        self._alane = (gen, loop, opening)
         try:
             lane = await AsyncLane.open(params, self._options()["client_name"],
                                         self.settings.broker_connection_timeout)
@@ -385,3 +409,4 @@ class Connector:
         return OperationalError(
             f"the Redis {self.role} at {endpoint.safe} failed: {type(exc).__name__}: "
             f"{self._clean(exc)}")
+

@@ -213,6 +213,9 @@ TRANSPORTS: SchemeRegistry[Transport] = SchemeRegistry("broker", "transport", {
     "sqlite": ("celeriac.transports.sqlite", "SQLiteTransport"),
     "redis": ("celeriac.transports.redis", "RedisTransport"),
     "rediss": ("celeriac.transports.redis", "RedisTransport"),
+    "redis+sentinel": ("celeriac.transports.redis", "RedisTransport"),
+    "sentinel": ("celeriac.transports.redis", "RedisTransport"),
+    "redis+cluster": ("celeriac.transports.redis_cluster", "RedisClusterTransport"),
     "amqp": ("celeriac.transports.amqp", "AMQPTransport"),
     "amqps": ("celeriac.transports.amqp", "AMQPTransport"),
 })

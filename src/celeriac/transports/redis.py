@@ -14,6 +14,10 @@ fetch script registers the consumer as idle on its queues, and the consumer BLPO
 own wake list until the next delayed message is due; whatever makes a message ready in
 one of those queues pushes it a token. Broadcasts are Redis pub/sub.
 
+Behind Redis Sentinel (``redis+sentinel://``, ``redisclient/topology.py``) nothing here
+changes: the connector finds the master and follows a failover. On a Redis Cluster
+(``redis+cluster://``) ``redis_cluster.py`` runs the same scripts once per queue.
+
 Needs Redis 6.2 or later (ZPOPMIN with a count, fractional BLPOP timeouts, exclusive
 XRANGE for the result backend).
 """
@@ -57,7 +61,11 @@ class RedisTransport(Transport):
         configured = [u.strip() for u in settings.broker_url.split(";") if u.strip()]
         urls = configured if url.strip() in configured else [url]
         self.conn = Connector(urls, settings, "broker",
-                              read_timeout=settings.broker_connection_timeout)
+                              read_timeout=settings.broker_connection_timeout,
+                              options=settings.broker_transport_options)
+        self._init_state()
+
+    def _init_state(self) -> None:
         self._held: set[str] = set()
         """Tags fetched and not yet settled: what this consumer knows it owns."""
         self._unacked: set[str] = set()
@@ -80,7 +88,7 @@ class RedisTransport(Transport):
             m = item.message
             args += [item.queue, 9 - min(max(m.priority, 0), 9), _delay_ms(item.delay),
                      m.envelope(), m.body]
-        self.conn.run("publish", args)
+        self.conn.run("publish", args, durable=True)
 
     # -- consumer -----------------------------------------------------------------------
     def _me(self) -> str:
@@ -147,8 +155,9 @@ class RedisTransport(Transport):
         and database, so that ``exchange`` can store them; else None."""
         if not isinstance(backend, RedisBackend):
             return None
-        theirs = backend.conn.endpoint
-        return theirs.namespace if theirs.url == self.conn.endpoint.url else None
+        theirs, mine = backend.conn.endpoint, self.conn.endpoint
+        same = theirs.url == mine.url and theirs.sentinels == mine.sentinels
+        return theirs.namespace if same else None
 
     async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
                        results_namespace: str | None, queues: Sequence[str], limit: int

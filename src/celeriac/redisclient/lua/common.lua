@@ -27,8 +27,9 @@
 --
 -- Broadcasts use pub/sub channels <ns>:bc:<channel> and no keys. Times come from Redis
 -- (TIME), so producers and workers whose clocks differ agree on due times and leases.
--- Keys are built here from the namespace, so the scripts need a standalone Redis (one
--- server, or one primary with replicas), not Cluster.
+-- Keys are built here from the namespace. On a Redis Cluster the transport
+-- (transports/redis_cluster.py) passes a hash tag per queue, "{<ns>:<queue>}", as the
+-- namespace and one queue per call, so every key a script touches is in that queue's slot.
 
 local ns = ARGV[1]
 

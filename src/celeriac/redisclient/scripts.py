@@ -1,0 +1,36 @@
+"""The Lua scripts of ``lua/`` as the connectors load them, and what a ``WAIT`` reply
+means for a write."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import redis
+
+from .lanes import sha1
+
+
+class NotReplicated(redis.TimeoutError):
+    """``WAIT`` came back with fewer replicas than ``replicas_ack`` asks for: the write is on
+    the master only. Retried like a lost connection (the retry may duplicate a publish:
+    delivery is at least once)."""
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """``lua/<name>.lua`` behind ``lua/common.lua`` (the key layout and shared helpers)."""
+    lua = resources.files("celeriac.redisclient").joinpath("lua")
+    return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
+
+
+@functools.cache
+def script_sha(name: str) -> str:
+    return sha1(script_source(name))
+
+
+def check_wait(acked: Any, replicas: int, timeout_ms: int) -> None:
+    if int(acked) < replicas:
+        raise NotReplicated(f"WAIT: {int(acked)} of {replicas} replica(s) acknowledged the "
+                            f"write within {timeout_ms} ms (replicas_ack)")
