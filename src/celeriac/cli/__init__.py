@@ -12,6 +12,7 @@ import click
 
 from ..__about__ import __version__
 from ..errors import CeleriacError
+from .control import control, inspect, revoke, status
 from .dashboard import dashboard
 from .dead import dead
 from .events import events
@@ -43,4 +44,6 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 
 for _command in (worker, call, result, purge, dead, events, dashboard, report,
                  shell, multi):
+    main.add_command(_command)
+for _command in (inspect, control, status, revoke):
     main.add_command(_command)

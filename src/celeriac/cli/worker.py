@@ -91,13 +91,18 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
               help="Send task events (for `celeriac events` and the dashboard).")
 @click.option("--without-heartbeat", is_flag=True, default=False,
               help="Send no worker-online/-heartbeat/-offline events.")
+@click.option("-S", "--statedb", default=None,
+              help="Keep revoked task ids in this file across restarts, e.g. %n.state.")
+@click.option("--without-mingle", is_flag=True, default=False,
+              help="Do not ask peers for their revoked ids at startup.")
 @click.pass_obj
 def worker(load: AppLoader, concurrency: int | None, queues: str | None, loglevel: str,
            hostname: str, logfile: str | None, pidfile: str | None, pool: str | None,
            autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
            time_limit: float | None, soft_time_limit: float | None,
-           task_events: bool | None, without_heartbeat: bool) -> None:
+           task_events: bool | None, without_heartbeat: bool, statedb: str | None,
+           without_mingle: bool) -> None:
     """Start a worker that executes tasks.
 
     In -n, --logfile and --pidfile: %h host name, %n name (w1 of w1@host), %d domain,
@@ -133,7 +138,9 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
         queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
         w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list,
                    pool=pool, autoscale=autoscale, task_events=task_events or None,
-                   heartbeat=False if without_heartbeat else None)
+                   heartbeat=False if without_heartbeat else None,
+                   statedb=expand(statedb, hostname, "--statedb"),
+                   mingle=not without_mingle)
         code = w.run()
     finally:
         if lock is not None:

@@ -312,4 +312,8 @@ class _MemorySubscription(Subscription):
 
     async def close(self) -> None:
         with self.broker.lock:
-            self.broker.subscribers.get(self.channel, set()).discard(self)
+            subscribers = self.broker.subscribers.get(self.channel)
+            if subscribers is not None:
+                subscribers.discard(self)
+                if not subscribers:  # per-call reply channels must not pile up
+                    del self.broker.subscribers[self.channel]

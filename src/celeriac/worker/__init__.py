@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
+from .control import Control
 from .heart import EventsStep, Heart
+from .mingle import Mingle
 from .pool import POOLS
+from .revoked import Revoked, StateDB
 from .steps import DEFAULT_STEPS, ConsumerStep
 
 if TYPE_CHECKING:
@@ -47,6 +50,8 @@ class Worker:
         task_events: bool | None = None,
         heartbeat: bool | None = None,
         install_signal_handlers: bool = True,
+        statedb: str | None = None,
+        mingle: bool = True,
     ) -> None:
         pool = pool or app.settings.worker_pool
         if pool not in POOLS:
@@ -86,10 +91,19 @@ class Worker:
             # consumer sends task events and, stopping in reverse, Heart sends
             # worker-offline after the pool is done.
             first, *rest = DEFAULT_STEPS
-            steps = (first, EventsStep, Heart, *rest, *((Autoscaler,) if autoscale else ()))
+            # Remote control: the revoked set first (loaded before any message is taken),
+            # Mingle before this worker's own Control subscribes (it asks peers only),
+            # Control before the pool and consumer so it answers until they are stopped.
+            control = (StateDB, *((Mingle,) if mingle else ()), Control)
+            steps = (first, EventsStep, Heart, *control, *rest,
+                     *((Autoscaler,) if autoscale else ()))
         self.blueprint = Blueprint(steps)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
+        self.statedb = statedb
+        """``--statedb``: where ``StateDB`` keeps the revoked ids (else worker_state_db)."""
+        self.revoked = Revoked()
+        """Revoked task ids; ``StateDB`` replaces it with the loaded set at start."""
         self.timer: Timer
         self.pool: Pool
         self.consumer: Consumer
