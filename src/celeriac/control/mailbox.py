@@ -110,7 +110,8 @@ def decode_command(payload: bytes) -> Command:
     method = data.get("method")
     if not isinstance(method, str) or not method:
         raise ControlError("command has no 'method' (a non-empty string)")
-    arguments = data.get("arguments") or {}
+    arguments = data.get("arguments")
+    arguments = {} if arguments is None else arguments
     if not isinstance(arguments, dict):
         raise ControlError(f"'arguments' of {method!r} must be an object")
     destination = data.get("destination")
