@@ -16,7 +16,11 @@ import pytest
 from celeriac import Celeriac, states
 from celeriac.control import merge
 from celeriac.control.mailbox import (
-    CONTROL_CHANNEL, Verifier, decode_command, encode_command, sign,
+    CONTROL_CHANNEL,
+    Verifier,
+    decode_command,
+    encode_command,
+    sign,
 )
 from celeriac.control.registry import convert
 from celeriac.control.registry import load as load_commands
@@ -166,7 +170,7 @@ def two(url: str) -> Iterator[tuple[Celeriac, ThreadedWorker, ThreadedWorker]]:
 
 def test_ping_destination_limit_and_errors(two: tuple[Celeriac, ThreadedWorker,
                                                       ThreadedWorker]) -> None:
-    app, w1, w2 = two
+    app, _, _ = two
     replies = merge(app.control.ping(timeout=2, limit=2))
     assert replies == {"w1@h": {"ok": "pong"}, "w2@h": {"ok": "pong"}}
     # A destination makes limit its length: the call returns as soon as it answered.
