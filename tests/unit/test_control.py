@@ -297,3 +297,21 @@ def test_worker_stays_up_when_a_handler_fails(url: str, monkeypatch: pytest.Monk
         assert got == {"w@h": {"error": "clock failed: RuntimeError: broken handler"}}
         wait_until(lambda: app.control.ping(limit=1, timeout=1), 5)
     app.close()
+
+
+def test_signal_names_and_table_rendering() -> None:
+    import signal
+
+    from celeriac.cli.control import render
+    from celeriac.worker.control import signal_number
+
+    assert signal_number("SIGKILL") == signal_number("kill") == signal_number(9) == 9
+    assert signal_number("15") == signal.SIGTERM
+    with pytest.raises(ControlError, match="unknown signal 'SIGNOPE'"):
+        signal_number("SIGNOPE")
+    assert render({"ok": "pong"}) == "OK: pong"
+    assert render({"error": "bad"}) == "ERROR: bad"
+    assert render([]) == "- empty -"
+    assert render([{"id": "i", "name": "n", "args": "(1,)", "kwargs": "{}"}]) == \
+        "n[i] args=(1,) kwargs={}"
+    assert render({"a": 1, "b": [2]}) == "a: 1\nb: [2]"

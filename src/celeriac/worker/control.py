@@ -117,9 +117,11 @@ def signal_number(name: str | int) -> int:
         return int(signals.Signals(name))
     text = str(name).upper()
     try:
+        if text.isdigit():
+            return int(signals.Signals(int(text)))
         return int(signals.Signals[text if text.startswith("SIG") else f"SIG{text}"])
-    except KeyError:
-        raise ControlError(f"signal: unknown signal {name!r}") from None
+    except (KeyError, ValueError):
+        raise ControlError(f"revoke: argument 'signal': unknown signal {name!r}") from None
 
 
 class Control(Step):

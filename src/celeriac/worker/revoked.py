@@ -41,6 +41,8 @@ REFRESH = 1.0
 """Seconds between looks at the broker store's version (one cheap read)."""
 SAVE_EVERY = 1.0
 """Seconds between writes of a changed statedb."""
+PURGE_EVERY = 30.0
+"""Seconds between drops of expired ids (a revoke outlives its expiry by at most this)."""
 
 
 class Revoked:
@@ -94,6 +96,8 @@ class Revoked:
                 del self.ids[task_id]
         if len(self.ids) != before:
             self.dirty = True
+        for task_id in [t for t in self.terminate if t not in self.ids]:
+            del self.terminate[task_id]
         return before - len(self.ids)
 
     def as_dict(self) -> dict[str, float]:
@@ -150,6 +154,7 @@ class StateDB(Step):
             self._entries.append(w.timer.call_repeatedly(REFRESH, self.refresh))
         if self.path:
             self._entries.append(w.timer.call_repeatedly(SAVE_EVERY, self.save_if_dirty))
+        self._entries.append(w.timer.call_repeatedly(PURGE_EVERY, self.revoked.purge))
         self.revoked.dirty = False
 
     async def refresh(self) -> None:
