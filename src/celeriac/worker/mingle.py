@@ -2,10 +2,11 @@
 ids and Lamport clock (``hello``) and merge them, before this worker takes a message.
 
 It waits at most ``worker_mingle_timeout`` seconds (1 s), and less where the broker can
-say how many peers listen for commands (Redis ``PUBSUB NUMSUB``, the memory broker): it
-stops at that many replies, and does not wait at all when there are none. It runs
-before this worker's own ``Control`` step subscribes, so it never counts or hears
-itself. ``--without-mingle`` leaves it out.
+say how many peers there are (``listeners``): it stops at that many replies, and does
+not wait at all when there are none. A peer starting in the same moment may not be
+counted yet; what it knows of revokes is in the broker's store anyway. It runs before
+this worker's own ``Control`` step subscribes, so it never counts or hears itself.
+``--without-mingle`` leaves it out.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Mingle(Step):
         transport = create_transport(s.broker_url, s)
         started = time.monotonic()
         try:
-            peers = listeners(transport)
+            peers = listeners(transport, w.queues)
             if peers == 0:
                 logger.info("mingle: all alone")
                 return
@@ -76,18 +77,43 @@ class Mingle(Step):
             logger.info("mingle: no peer replied within %.0f ms", took * 1000)
 
 
-def listeners(transport: Transport) -> int | None:
-    """How many workers listen for commands now, where the broker can tell cheaply;
-    None where it cannot (wait the timeout)."""
-    conn = getattr(transport, "conn", None)
-    if transport.scheme in ("redis", "rediss") and conn is not None:
-        try:
-            reply = conn.command(lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{CONTROL_CHANNEL}"))
+def listeners(transport: Transport, queues: list[str]) -> int | None:
+    """How many peers may answer now, where the broker can tell cheaply (0: start at
+    once); None where it cannot (wait the timeout). Redis counts the subscribers of the
+    control channel exactly; SQLite the consumers holding a lease; RabbitMQ the consumers
+    of this worker's queues (peers on other queues only shorten the wait when they
+    answer); memory its subscribers."""
+    try:
+        if transport.scheme in ("redis", "rediss"):
+            reply = transport.conn.command(  # type: ignore[attr-defined]
+                lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{CONTROL_CHANNEL}"))
             return int(reply[1])
-        except Exception:  # ACLs may refuse PUBSUB: ask and wait instead
-            return None
-    broker = getattr(transport, "broker", None)
-    subscribers = getattr(broker, "subscribers", None)
-    if transport.scheme == "memory" and isinstance(subscribers, dict):
-        return len(subscribers.get(CONTROL_CHANNEL, ()))
+        if transport.scheme == "sqlite":
+            rows = transport.db.read(  # type: ignore[attr-defined]
+                "SELECT count(*) FROM consumers WHERE expires > ?", (time.time(),))
+            return int(rows[0][0])
+        if transport.scheme in ("amqp", "amqps"):
+            return sum(_amqp_consumers(transport, q) for q in queues)
+        if transport.scheme == "memory":
+            subscribers = transport.broker.subscribers  # type: ignore[attr-defined]
+            return len(subscribers.get(CONTROL_CHANNEL, ()))
+    except Exception as exc:  # ACLs may refuse PUBSUB, a queue may not exist: just wait
+        logger.debug("mingle: cannot count peers (%s)", exc)
     return None
+
+
+def _amqp_consumers(transport: Any, queue: str) -> int:
+    import pika
+
+    name = transport.config.queue(queue)
+
+    def op(link: Any) -> int:
+        try:
+            return int(link.admin().queue_declare(name, passive=True).method.consumer_count)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:  # no such queue yet: nobody consumes it
+                return 0
+            raise
+
+    count: int = transport.client.call("count consumers", op, retry=False)
+    return count
