@@ -1518,6 +1518,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the canvas rows (group join, chord)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="deadline in seconds for each wait (default 60)")
+    parser.add_argument("--ping", action="store_true",
+                        help="also time `inspect ping` with 1 and 5 workers, celeriac "
+                             "against Celery (bench/control_ping.py)")
     parser.add_argument("--lock-timeout", type=float, default=600.0,
                         help="how long to wait for another bench run on this machine to "
                              "finish (default 600)")
@@ -1545,6 +1548,12 @@ def main(argv: list[str] | None = None) -> int:
                 overhead = pool_overhead.measure(runs=min(opts.runs, 3)) \
                     if opts.pool_overhead else None
                 soak = memory_soak(opts.soak, Path(tmp), opts.timeout) if opts.soak else None
+                pings = None
+                if opts.ping:
+                    import control_ping
+                    pings = control_ping.measure(
+                        [n for n in ("celeriac", "celery") if n == "celeriac" or n in names],
+                        control_ping.WORKERS, control_ping.PINGS, Path(tmp) / "ping")
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; workers and drivers stopped[/]")
             return 130
@@ -1576,6 +1585,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{overhead['ratio']:.2f}x (target <= 3x)")
     if soak:
         console.print(soak)
+    if pings is not None:
+        import control_ping
+        console.print(control_ping.table(pings))
     console.print(f"[dim]total {time.monotonic() - began:.0f}s[/]")
     return 1 if canvas_failed or any(o.error for o in outcomes) else 0
 

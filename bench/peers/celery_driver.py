@@ -136,6 +136,24 @@ class Driver:
             raise RuntimeError(f"chord of {m}: the body got {value} results")
         return {"seconds": seconds}
 
+    def ping(self, n: int, count: int, warmup: int, timeout: float) -> dict[str, Any]:
+        """``count`` timed ``app.control.ping(limit=n)`` calls (after ``warmup``): each
+        from the call until ``n`` workers replied."""
+        app, _ = celery_app.make_app()
+        try:
+            samples = []
+            for i in range(warmup + count):
+                t0 = time.perf_counter()
+                replies = app.control.ping(timeout=timeout, limit=n)
+                elapsed = time.perf_counter() - t0
+                if len(replies) != n:
+                    raise RuntimeError(f"ping: {len(replies)} of {n} workers replied")
+                if i >= warmup:
+                    samples.append(elapsed)
+            return {"samples": samples}
+        finally:
+            app.close()
+
     def versions(self) -> dict[str, Any]:
         return {"versions": peerlib.versions("celery", "kombu", "redis")}
 
@@ -149,7 +167,8 @@ def main() -> None:
         peerlib.serve({"reset": driver.reset, "enqueue": driver.enqueue, "bulk": driver.bulk,
                        "purge": driver.purge, "wait": driver.wait, "latency": driver.latency,
                        "group": driver.group, "chord": driver.chord,
-                       "diag": driver.diag, "versions": driver.versions})
+                       "diag": driver.diag, "versions": driver.versions,
+                       "ping": driver.ping})
     finally:
         driver.quit()
 

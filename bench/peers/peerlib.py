@@ -24,6 +24,8 @@ object a line. It sends ``{"cmd": NAME, ...arguments}``; the driver answers with
 - ``chord {"m", "timeout"}`` (same): a chord of ``m`` no-ops whose body gets the list of
   their results and returns its length; ``{"seconds": s}`` from sending to the body's
   result.
+- ``ping {"n", "count", "warmup", "timeout"}`` (Celery only): ``count`` timed
+  ``app.control.ping(limit=n)`` calls with ``n`` workers running; ``{"samples": [s]}``.
 - ``versions``: ``{"versions": {"package": "x.y.z"}}``.
 - ``quit``.
 

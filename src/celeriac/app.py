@@ -25,6 +25,7 @@ from .tasks import Task, TaskOptions, args_repr, current_request
 from .transports.base import Outgoing, Publisher, Transport, create_transport
 
 if TYPE_CHECKING:
+    from .control import Control
     from .events import EventDispatcher
     from .worker import Worker
 
@@ -83,6 +84,7 @@ class Celeriac:
         self._events: EventDispatcher | None = None
         self._periodic: dict[str, Any] = {}
         """``add_periodic_task``'s entries (``celeriac.beat``), by name."""
+        self._control: Control | None = None
         self._pid = os.getpid()
         signals.install(self)
         register_builtins(self)  # celery.map, celery.starmap: what canvas messages name
@@ -202,6 +204,16 @@ class Celeriac:
             self._events = EventDispatcher(self, groups=("task",))
         return self._events
 
+    @property
+    def control(self) -> Control:
+        """Remote control of the workers (Celery's ``app.control``): ``inspect()``,
+        ``ping()``, ``revoke()``, ``rate_limit()``, ``broadcast()``..."""
+        if self._control is None:
+            from .control import Control
+
+            self._control = Control(self)
+        return self._control
+
     def _reset_after_fork(self) -> None:
         if self._pid != os.getpid():
             # The parent's connections belong to the parent: drop, never close, them.
@@ -209,6 +221,8 @@ class Celeriac:
             self._pid = os.getpid()
 
     def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
         if self._events is not None:
             self._events.close()
             self._events = None

@@ -57,7 +57,7 @@ HARMLESS: dict[str, str] = {
         "control_exchange", "control_queue_durable", "control_queue_exclusive",
         "control_queue_expires", "control_queue_ttl", "event_exchange",
         "event_queue_durable", "event_queue_exclusive", "event_queue_expires",
-        "event_queue_prefix", "event_queue_ttl", "worker_enable_remote_control"],
+        "event_queue_prefix", "event_queue_ttl"],
         "events and control use celeriac's own broadcast channels"),
     **dict.fromkeys([
         "worker_hijack_root_logger", "worker_log_color", "worker_log_datefmt",
@@ -109,7 +109,6 @@ REFUSED: dict[str, str] = {
     "task_protocol": "celeriac speaks task protocol 2 only",
     "task_default_queue_type": "set broker_transport_options={'queue_type': 'quorum'}",
     "worker_direct": "per-worker direct queues are not supported",
-    "worker_state_db": "revoked task ids are not persisted to a local file",
     "worker_deduplicate_successful_tasks": "not supported: make tasks idempotent",
     "worker_pool_start_method": "the prefork pool forks",
     "worker_agent": "custom worker classes are not supported",
@@ -165,6 +164,7 @@ CONVERTED: dict[str, Callable[[Any], dict[str, Any]]] = {
     "task_publish_retry": lambda v: {"broker_connection_retry": v},
     "task_publish_retry_policy": _publish_retry_policy,
     "worker_disable_prefetch": lambda v: {"worker_prefetch_multiplier": 1} if v else {},
+    "worker_enable_remote_control": lambda v: {"worker_remote_control": v},
 }
 """Celery settings whose meaning celeriac has under other names."""
 

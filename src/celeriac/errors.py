@@ -21,6 +21,7 @@
     │   ├── SoftTimeLimitExceeded   raised inside a task at its soft time limit
     │   ├── MaxRetriesExceededError ``retry()`` past ``max_retries``
     │   └── ChordError              a chord's header task failed: its body did not run
+    ├── ControlError                a remote-control command is malformed or refused
     ├── ResultTimeout               ``AsyncResult.get()`` timed out (also a TimeoutError)
     ├── IncompleteStream            ``collect()`` reached a result that is not ready
     └── TaskControl                 control flow raised by tasks, not failures
@@ -128,6 +129,11 @@ class SoftTimeLimitExceeded(TaskError):
 
 class MaxRetriesExceededError(TaskError):
     """``Task.retry()`` was called after ``max_retries`` retries."""
+
+
+class ControlError(CeleriacError):
+    """A remote-control command is malformed (unknown, bad arguments) or refused (not
+    signed, read-only mode); a worker answers it with ``{"error": message}``."""
 
 
 class ResultTimeout(CeleriacError, TimeoutError):

@@ -164,6 +164,15 @@ class AsyncResult(Generic[R]):
     def forget(self) -> None:
         self.app.backend.forget(self.id)
 
+    def revoke(self, connection: Any = None, terminate: bool = False,
+               signal: str | None = None, wait: bool = False, timeout: float | None = None
+               ) -> None:
+        """Ask the workers not to run this task (``app.control.revoke``); with
+        ``terminate`` the child running it is killed with ``signal`` (SIGTERM). ``wait``
+        waits up to ``timeout`` seconds for the workers' replies."""
+        self.app.control.revoke(self.id, terminate=terminate, signal=signal or "SIGTERM",
+                                reply=wait, timeout=timeout if timeout is not None else 1.0)
+
     def get(self, timeout: float | None = None, propagate: bool = True) -> R:
         """Wait for the task to finish and return its value.
 
@@ -393,10 +402,13 @@ class GroupResult:
         return await asyncio.to_thread(self.get, timeout, propagate)
 
     # -- acting ---------------------------------------------------------------------------
-    def revoke(self, terminate: bool = False, signal: str | None = None) -> None:
-        raise NotImplementedError(
-            "revoke is not available yet: celeriac has no remote control (revoke) of "
-            "tasks; a group's members cannot be revoked")
+    def revoke(self, connection: Any = None, terminate: bool = False,
+               signal: str | None = None, wait: bool = False, timeout: float | None = None
+               ) -> None:
+        """Revoke every member (``app.control.revoke`` of their ids, in one command)."""
+        self.app.control.revoke([r.id for r in self.results], terminate=terminate,
+                                signal=signal or "SIGTERM", reply=wait,
+                                timeout=timeout if timeout is not None else 1.0)
 
     def forget(self) -> None:
         """Forget every member's stored result (not the saved group: ``delete``)."""

@@ -144,6 +144,26 @@ class Settings:
     events_offline_buffer: int = 10_000
     """Events kept while the broker is unreachable; the oldest are dropped beyond it."""
 
+    worker_remote_control: str | bool = True
+    """Answer remote-control commands (``celeriac inspect``/``control``): True, False, or
+    ``"read-only"`` (inspect commands only; commands that change the worker are
+    refused). Celery's ``worker_enable_remote_control`` sets it."""
+    control_signing_key: str | None = None
+    """When set, commands are HMAC-SHA256-signed with it and workers refuse unsigned,
+    badly signed, stale or replayed ones. Give every worker and caller the same key."""
+    control_max_age: float = 30.0
+    """Seconds a signed command stays valid (against replays; mind clock skew)."""
+    worker_state_db: str | None = None
+    """A file where the worker keeps its revoked ids across restarts (``--statedb``)."""
+    worker_revoke_max: int = 50_000
+    """Revoked ids a worker remembers (the oldest go first); Celery's
+    ``CELERY_WORKER_REVOKES_MAX`` environment variable overrides it."""
+    worker_revoke_expires: float = 10_800.0
+    """Seconds a revoke is remembered (workers, statedb, the broker's store); Celery's
+    ``CELERY_WORKER_REVOKE_EXPIRES`` environment variable overrides it."""
+    worker_mingle_timeout: float = 1.0
+    """Longest wait at startup for peers' revoked ids (``Mingle``)."""
+
     max_message_size: int = 64 * 1024 * 1024
 
     broker_connection_retry: bool = True
@@ -235,10 +255,27 @@ class Settings:
             raise ConfigurationError(
                 "beat_missed_runs must be 'once', 'all' or 'skip', got "
                 f"{self.beat_missed_runs!r}")
+        self._check_control()
         if self.max_message_size < 1:
             raise ConfigurationError(
                 f"max_message_size must be >= 1, got {self.max_message_size!r}"
             )
+
+    def _check_control(self) -> None:
+        mode = self.worker_remote_control
+        if isinstance(mode, str) and mode.strip().lower() in ("true", "false", "1", "0",
+                                                            "yes", "no", "on", "off"):
+            mode = mode.strip().lower() in ("true", "1", "yes", "on")
+            object.__setattr__(self, "worker_remote_control", mode)
+        if mode not in (True, False, "read-only"):
+            raise ConfigurationError(
+                f"worker_remote_control must be True, False or 'read-only', got {mode!r}")
+        for name in ("control_max_age", "worker_revoke_expires", "worker_mingle_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.worker_revoke_max < 1:
+            raise ConfigurationError(
+                f"worker_revoke_max must be >= 1, got {self.worker_revoke_max!r}")
 
     @property
     def backend_url(self) -> str:

@@ -321,8 +321,11 @@ def test_group_result_failures_timeouts_and_revoke(app: Celeriac) -> None:
     assert values[0] == 1 and isinstance(values[1], ValueError) and values[2] == 3
     assert gr.failed() and not gr.successful() and gr.completed_count() == 2
     assert list(gr) == [a, b, c] and gr[1] == b and gr.children == [a, b, c]
-    with pytest.raises(NotImplementedError, match="revoke is not available yet"):
-        gr.revoke()
+    sent: list[tuple[Any, ...]] = []
+    app.control.revoke = lambda ids, **kw: sent.append((ids, kw))  # type: ignore[method-assign]
+    gr.revoke(terminate=True)
+    assert sent == [(["a", "b", "c"], {"terminate": True, "signal": "SIGTERM",
+                                        "reply": False, "timeout": 1.0})]
 
 
 def test_group_result_save_and_restore(app: Celeriac) -> None:

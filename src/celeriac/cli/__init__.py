@@ -13,6 +13,7 @@ import click
 from ..__about__ import __version__
 from ..errors import CeleriacError
 from .beat import beat
+from .control import control, inspect, revoke, status
 from .dashboard import dashboard
 from .dead import dead
 from .events import events
@@ -44,6 +45,5 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 
 
 for _command in (worker, beat, call, result, purge, dead, events, dashboard, report,
-                 shell, multi):
+                 shell, multi, health, inspect, control, status, revoke):
     main.add_command(_command)
-main.add_command(health)

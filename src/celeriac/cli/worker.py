@@ -98,6 +98,10 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
               help="Also run a beat (periodic tasks) in this worker.")
 @click.option("--without-heartbeat", is_flag=True, default=False,
               help="Send no worker-online/-heartbeat/-offline events.")
+@click.option("-S", "--statedb", default=None,
+              help="Keep revoked task ids in this file across restarts, e.g. %n.state.")
+@click.option("--without-mingle", is_flag=True, default=False,
+              help="Do not ask peers for their revoked ids at startup.")
 @click.pass_obj
 def worker(load: AppLoader, concurrency: int | None, queues: str | None, loglevel: str,
            hostname: str, logfile: str | None, pidfile: str | None, pool: str | None,
@@ -105,6 +109,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
            time_limit: float | None, soft_time_limit: float | None,
            task_events: bool | None, beat: bool, without_heartbeat: bool,
+           statedb: str | None, without_mingle: bool,
            health_file: str | None = None, without_gossip: bool = False) -> None:
     """Start a worker that executes tasks.
 
@@ -143,7 +148,9 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
                    pool=pool, autoscale=autoscale, task_events=task_events or None,
                    heartbeat=False if without_heartbeat else None, beat=beat,
                    gossip=not without_gossip,
-                   health_file=expand(health_file, hostname, "--health-file"))
+                   health_file=expand(health_file, hostname, "--health-file"),
+                   statedb=expand(statedb, hostname, "--statedb"),
+                   mingle=not without_mingle)
         code = w.run()
     finally:
         if lock is not None:

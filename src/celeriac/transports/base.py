@@ -197,6 +197,13 @@ class Transport(Publisher):
         """Start receiving what is broadcast on ``channel`` from now on."""
 
 
+PRIVATE_PREFIX = "celeriac.reply."
+"""A broadcast channel named with this prefix has one subscriber, the caller that named
+it (a remote-control call's reply channel, ``control/mailbox.py``): a transport may route
+it as a key of one shared exchange (AMQP) and drop what is left of it when that
+subscriber closes (memory, SQLite), so a call leaves nothing behind."""
+
+
 class Subscription(abc.ABC):
     """What ``Transport.subscribe`` returns: payloads in the order each sender sent them."""
 

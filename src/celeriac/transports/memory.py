@@ -302,14 +302,25 @@ class _MemorySubscription(Subscription):
             self.waiter.set_result(None)
 
     async def get(self, timeout: float) -> bytes | None:
-        if not self.items:
+        # A loop, not one wait: a wake-up scheduled for a payload that an earlier get()
+        # already took can resolve this waiter with nothing there, and returning None
+        # then would end a caller's wait (a control call's gathering) before its timeout.
+        deadline = self.loop.time() + timeout
+        while not self.items:
+            remaining = deadline - self.loop.time()
+            if remaining <= 0:
+                return None
             self.waiter = self.loop.create_future()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(remaining):
                     await self.waiter
             self.waiter = None
-        return self.items.popleft() if self.items else None
+        return self.items.popleft()
 
     async def close(self) -> None:
         with self.broker.lock:
-            self.broker.subscribers.get(self.channel, set()).discard(self)
+            subscribers = self.broker.subscribers.get(self.channel)
+            if subscribers is not None:
+                subscribers.discard(self)
+                if not subscribers:  # per-call reply channels must not pile up
+                    del self.broker.subscribers[self.channel]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from .._sqlite import Database, Doorbell, Listener, path_from_url
 from ..errors import DecodeError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
-from .base import DeadLetter, Outgoing, Subscription, Transport
+from .base import PRIVATE_PREFIX, DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -318,6 +318,11 @@ class _SQLiteSubscription(Subscription):
 
     async def close(self) -> None:
         self.listener.close()
+        if self.channel.startswith(PRIVATE_PREFIX):
+            # A reply channel has no other reader: its rows go with it (a reply that
+            # comes later still lives BROADCAST_TTL seconds).
+            with self.transport.db.transaction() as conn:
+                conn.execute("DELETE FROM broadcasts WHERE channel = ?", (self.channel,))
 
 
 def _message(envelope: bytes, body: bytes) -> Message:

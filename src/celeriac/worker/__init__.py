@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
+from .control import Control
 from .gossip import Gossip
 from .health import HealthFile
 from .heart import EventsStep, Heart
+from .mingle import Mingle
 from .pool import POOLS
+from .revoked import Revoked, StateDB
 from .steps import DEFAULT_STEPS, ConsumerStep
 
 if TYPE_CHECKING:
@@ -52,6 +55,8 @@ class Worker:
         gossip: bool = True,
         health_file: str | None = None,
         beat: bool = False,
+        statedb: str | None = None,
+        mingle: bool = True,
     ) -> None:
         pool = pool or app.settings.worker_pool
         if pool not in POOLS:
@@ -95,7 +100,12 @@ class Worker:
             # consumer sends task events and, stopping in reverse, Heart sends
             # worker-offline after the pool is done.
             first, *rest = DEFAULT_STEPS
-            steps = (first, EventsStep, Heart, *rest, *((Autoscaler,) if autoscale else ()))
+            # Remote control: the revoked set first (loaded before any message is taken),
+            # Mingle before this worker's own Control subscribes (it asks peers only),
+            # Control before the pool and consumer so it answers until they are stopped.
+            control = (StateDB, *((Mingle,) if mingle else ()), Control)
+            steps = (first, EventsStep, Heart, *control, *rest,
+                     *((Autoscaler,) if autoscale else ()))
             # The health file is touched from right after the Timer until right before
             # it stops (a warm stop waiting for tasks is alive); Gossip starts last and
             # stops first, so a stopping leader resigns at once.
@@ -110,6 +120,10 @@ class Worker:
         self.blueprint = Blueprint(steps)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
+        self.statedb = statedb
+        """``--statedb``: where ``StateDB`` keeps the revoked ids (else worker_state_db)."""
+        self.revoked = Revoked()
+        """Revoked task ids; ``StateDB`` replaces it with the loaded set at start."""
         self.timer: Timer
         self.pool: Pool
         self.consumer: Consumer

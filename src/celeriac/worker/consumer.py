@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -95,6 +95,14 @@ class Consumer:
         # Parses every task's rate limit now: a bad one stops the worker at its start.
         self.limiter = RateLimiter(self.app, worker.timer, self._rate_due)
         self.limiter.room = lambda: pool.free_slots() + pool.queue_slots()
+        revoked = getattr(worker, "revoked", None)
+        self._revoked: dict[str, float] = revoked.ids if revoked is not None else {}
+        """Revoked ids (``worker/revoked.py``), the same dict: tested at arrival and
+        dispatch, at the cost of one truth test while nothing is revoked."""
+        self._terminate: dict[str, str] = revoked.terminate if revoked is not None else {}
+        """Revoked ids to kill as they start (revoke terminate=True found them queued)."""
+        self.totals: Counter[str] = Counter()
+        """Tasks finished, by name (``inspect stats``)."""
 
     @property
     def prefetch_limit(self) -> int:
@@ -348,6 +356,8 @@ class Consumer:
         # From here on every header the worker reads has been checked (admission.py).
         headers = d.message.headers
         name, task_id = headers["task"], headers["id"]
+        if self._revoked and task_id in self._revoked:
+            return self._settle_revoked(d, name, task_id, "revoked")
         events = self.events
         losses = d.delivery_count - 1
         if losses >= self.app.settings.task_max_deliveries:
@@ -392,14 +402,38 @@ class Consumer:
 
     def _revoke_expired(self, d: Delivery, name: str, task_id: str, expires: object) -> None:
         logger.info("Task %s[%s] expired at %s; revoked", name, task_id, expires)
+        self._settle_revoked(d, name, task_id, "expired")
+
+    def _settle_revoked(self, d: Delivery, name: str, task_id: str, reason: str) -> None:
+        """Acknowledge a message that must not run (revoked, or expired), its result
+        ``REVOKED`` and a ``task-revoked`` event stored and sent first."""
+        expired = reason == "expired"
+        if not expired:
+            logger.info("Task %s[%s] revoked; discarded without running", name, task_id)
         self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
-                     "exc_module": "celeriac.errors", "exc_message": ["expired"]})
+                     "exc_module": "celeriac.errors", "exc_message": [reason]})
         self._acks.append(d)
         if self.events is not None:
-            self._finals.append(self.events.expired(task_id))
+            event = self.events.expired(task_id)
+            if not expired:
+                event["reason"], event["expired"] = reason, False
+            self._finals.append(event)
         if self.app.hooks:
-            self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), True)
+            self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), expired)
         self._wake.set()
+
+    def revoke_waiting(self, ids: set[str]) -> int:
+        """Settle the jobs of ``ids`` that wait in ``reserved`` (revoked now); jobs held
+        by a rate limit are caught as they leave it (``_dispatch``). Returns how many."""
+        found = [job for job in self.reserved if job.headers["id"] in ids]
+        for job in found:
+            self.reserved.remove(job)
+            self._drop_revoked(job)
+        return len(found)
+
+    def _drop_revoked(self, job: Job) -> None:
+        self._settle_revoked(self.deliveries.pop(job.seq), job.headers["task"],
+                             job.headers["id"], "revoked")
 
     def _dispatch(self) -> None:
         pool = self.pool
@@ -413,6 +447,9 @@ class Consumer:
         limits = limiter.limits
         while self.reserved and (pool.free_slots() or pool.queue_slots()):
             job = self.reserved.popleft()
+            if self._revoked and job.headers["id"] in self._revoked:
+                self._drop_revoked(job)  # revoked while it waited (for a rate limit)
+                continue
             name = job.headers["task"]
             # The only cost of rate limits to an unlimited task: this lookup (None).
             limit = limits[name]
@@ -446,6 +483,15 @@ class Consumer:
     def on_job_started(self, job: Job) -> None:
         if self.events is not None:
             self.events.started(job.headers["id"])
+        if self._terminate and (signal := self._terminate.pop(job.headers["id"], None)):
+            self._kill_started(job, signal)
+
+    def _kill_started(self, job: Job, signal: str) -> None:
+        from .control import signal_number
+
+        terminate_job = getattr(self.pool, "terminate_job", None)
+        if terminate_job is not None:
+            terminate_job(job.headers["id"], signal_number(signal))
 
     def on_job_progress(self, task_id: str, state: str, meta: Any) -> None:
         """A running task's ``update_state`` (pools report them only with task events
@@ -456,6 +502,8 @@ class Consumer:
     def on_job_returned(self, job: Job) -> None:
         """A job the pool took and never started: first in line again."""
         self.limiter.returned(job)  # it keeps the rate-limit token it took
+        if self._revoked and job.headers["id"] in self._revoked:
+            return self._drop_revoked(job)
         self.reserved.appendleft(job)
         if self._fetching:  # a warm stop gives it back with the other reserved ones
             self._dispatch()
@@ -463,11 +511,15 @@ class Consumer:
     # -- completion ---------------------------------------------------------------------
     def on_job_done(self, job: Job, outcome: Outcome) -> None:
         self.worker.processed += 1
+        self.totals[job.headers["task"]] += 1
         delivery = self.deliveries.pop(job.seq, None)
         if outcome.stored is not None:
             self._results.append(outcome.stored)
         if self.events is not None:
             final = self.events.outcome(job.headers["id"], outcome)
+            if final is None and outcome.state == states.REVOKED:
+                final = {**self.events.expired(job.headers["id"]), "expired": False,
+                         "reason": outcome.reason, "terminated": True}
             if final is not None:
                 self._finals.append(final)
         if delivery is not None:

@@ -350,14 +350,15 @@ class SyncClient:
             self.call("publish", op)
 
     def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
-        name = self.config.fanout(channel)
+        name, kind, key = self.config.broadcast_route(channel)
         props = wire.encode_properties({"delivery_mode": 1})  # not stored
 
         def op(link: _Link) -> None:
             if name not in link.exchanges:
-                link.admin().exchange_declare(name, "fanout", durable=True)
+                link.admin().exchange_declare(name, kind, durable=True)
                 link.exchanges.add(name)
-            self._send(link, {0: (name, routing_key, payload, props, False)}, [0])
+            self._send(link, {0: (name, routing_key if key is None else key, payload,
+                                  props, False)}, [0])
 
         self.call("broadcast", op)
 

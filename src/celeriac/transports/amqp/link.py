@@ -286,20 +286,24 @@ async def dead_letters(config: wire.Config, settings: Settings, limit: int | Non
 
 
 class AMQPSubscription(Subscription):
-    """An exclusive, server-named queue bound to the channel's fanout exchange."""
+    """An exclusive, server-named queue bound to the channel's exchange (a fanout one,
+    or for a private channel the reply exchange, by the channel's key)."""
 
-    def __init__(self, link: Callable[[], Awaitable[Link]], exchange: str) -> None:
+    def __init__(self, link: Callable[[], Awaitable[Link]], exchange: str,
+                 kind: str = "fanout", key: str | None = None) -> None:
         self.link = link
         self.exchange = exchange
+        self.kind = kind
+        self.key = key
         self.channel: AbstractChannel | None = None
         self.payloads: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def open(self) -> None:
         link = await self.link()
         ch = self.channel = await link.conn.channel(publisher_confirms=False)
-        await ch.exchange_declare(self.exchange, exchange_type="fanout", durable=True)
+        await ch.exchange_declare(self.exchange, exchange_type=self.kind, durable=True)
         ok = await ch.queue_declare("", exclusive=True, auto_delete=True)
-        await ch.queue_bind(str(ok.queue), self.exchange)
+        await ch.queue_bind(str(ok.queue), self.exchange, routing_key=self.key or "")
         await ch.basic_consume(str(ok.queue), self._on_message, no_ack=True)
 
     async def _on_message(self, msg: DeliveredMessage) -> None:

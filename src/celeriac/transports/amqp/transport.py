@@ -399,7 +399,7 @@ class AMQPTransport(Transport):
 
     # -- broadcast ------------------------------------------------------------------------
     async def subscribe(self, channel: str) -> Subscription:
-        sub = AMQPSubscription(self._ready, self.config.fanout(channel))
+        sub = AMQPSubscription(self._ready, *self.config.broadcast_route(channel))
         await sub.open()
         return sub
 

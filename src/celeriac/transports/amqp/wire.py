@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 from ..._net import mask_password
 from ...errors import ConfigurationError, EncodeError
 from ...protocol import Message
-from ..base import DeadLetter
+from ..base import PRIVATE_PREFIX, DeadLetter
 
 if TYPE_CHECKING:
     from ...settings import Settings
@@ -128,6 +128,16 @@ class Config:
 
     def fanout(self, channel: str) -> str:
         return self.namespace + channel
+
+    def broadcast_route(self, channel: str) -> tuple[str, str, str | None]:
+        """(exchange, its type, the routing key that reaches only ``channel``'s
+        subscribers or None: every binding) of a broadcast channel. A private channel
+        (``transports.base.PRIVATE_PREFIX``, a remote-control reply) is a routing key of
+        one direct exchange, so a call declares no exchange of its own that would
+        outlive it."""
+        if channel.startswith(PRIVATE_PREFIX):
+            return self.namespace + PRIVATE_PREFIX[:-1], "direct", channel[len(PRIVATE_PREFIX):]
+        return self.namespace + channel, "fanout", None
 
     def delay(self, queue: str, level: int) -> str:
         """Delay queue ``level`` of ``queue``, and the topic exchange in front of it."""

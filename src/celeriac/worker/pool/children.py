@@ -45,6 +45,8 @@ class ChildProc:
     retiring: bool = False
     """Takes no new job; it exits after what it holds (recycled, shrunk, stopping)."""
     killed_for: str | None = None
+    revoked: Job | None = None
+    """The job a revoke with terminate killed it for (its outcome is REVOKED)."""
     detached: bool = False
     """Its pipes are closed. Their descriptor numbers may already belong to a newer
     child's pipes, so nothing may touch them again (not even to close them)."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ... import states
 from ...backends.base import Stored
-from ...errors import TimeLimitExceeded, WorkerLostError
+from ...errors import TaskRevoked, TimeLimitExceeded, WorkerLostError
 from ...protocol import Message
 from ..execute import Job, Outcome, Shown, exception_repr
 from ..timer import Timer
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from ...app import Celeriac
 
 logger = logging.getLogger("celeriac.worker.pool.prefork")
+
+IGNORED_BY_CHILDREN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
+"""Signals a pool child ignores (``child.py``)."""
 
 
 class PreforkPool(Pool):
@@ -388,7 +391,9 @@ class PreforkPool(Pool):
             self._finish(proc)
             # Killed by a cold stop: not the task's fault, so not a counted loss. Its
             # message stays with the consumer, whose disconnect gives it back uncounted.
-            if not cold:
+            if proc.killed_for == "revoked" and proc.revoked is job:
+                self.on_done(job, self._terminated(job, how))
+            elif not cold:
                 self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
         if queued is not None:
             if cold:
@@ -397,7 +402,8 @@ class PreforkPool(Pool):
                 self._hand_back(queued)  # it never started: not a loss
         if not self.children:
             self._all_gone.set()
-        planned = proc.retiring or proc.killed_for in ("hard time limit", "cold shutdown")
+        planned = proc.retiring or proc.killed_for in ("hard time limit", "cold shutdown",
+                                                       "revoked")
         if not planned:
             logger.error("child %d %s", proc.pid, how)
         if not self.closing:
@@ -421,6 +427,43 @@ class PreforkPool(Pool):
         exc = WorkerLostError(reason)
         return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason,
                        stored=self._failure(job, exc), shown=self._shown(exc))
+
+    # -- revoke with terminate --------------------------------------------------------
+    def terminate_job(self, task_id: str, signum: int) -> bool:
+        """Send ``signum`` to the child running ``task_id``; False if no child runs it
+        (not started yet). When that child dies, the job ends ``REVOKED`` and its
+        message is acknowledged: a revoked task is never redelivered. Children ignore
+        SIGTERM, SIGINT and SIGQUIT (a terminal's Ctrl-C must not kill tasks), so for
+        those the child gets SIGKILL as well."""
+        for proc in self.children.values():
+            job = proc.job
+            if job is None or job.headers["id"] != task_id or proc.detached:
+                continue
+            logger.warning("Task %s[%s] revoked: terminating child %d with %s",
+                           job.headers["task"], task_id, proc.pid,
+                           signal.Signals(signum).name)
+            proc.killed_for, proc.revoked = "revoked", job
+            proc.retiring = True  # a dying child gets no new job
+            self.idle.pop(proc, None)
+            self.ahead.pop(proc, None)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+                if signum in IGNORED_BY_CHILDREN:
+                    os.kill(proc.pid, signal.SIGKILL)
+            return True
+        return False
+
+    def _terminated(self, job: Job, how: str) -> Outcome:
+        reason = f"terminated: child {how}"
+        logger.warning("Task %s[%s] revoked (%s)", job.headers["task"], job.headers["id"],
+                       reason)
+        exc = TaskRevoked(reason)
+        stored = None
+        if not job.headers.get("ignore_result"):
+            stored = self.app.backend.encode(job.headers["id"], states.REVOKED, {
+                "exc_type": "TaskRevoked", "exc_module": "celeriac.errors",
+                "exc_message": [reason]})
+        return Outcome("ack", states.REVOKED, reason, stored=stored, shown=self._shown(exc))
 
     def _shown(self, exc: BaseException) -> Shown | None:
         return (exception_repr(exc), None) if self.task_events else None
