@@ -1,6 +1,7 @@
 """Chords under fire, on Redis: many chords while pool children are killed with kill -9
 at random and one whole worker is killed and another started. Every body must run, with
-the right inputs, and a ledger counts how many times each ran (printed with ``-s``).
+the right inputs, from exactly one publish: a ledger counts each body's runs and the
+publishes (claims) they came from (printed with ``-s``).
 
 ``CHAOS_CHORDS`` (default 200) sets the number of chords of 10 tasks; the issue's figure
 is 1,000: ``CHAOS_CHORDS=1000 pytest tests/faults/test_chord_chaos.py -s``.
@@ -75,19 +76,25 @@ def test_every_chord_body_runs_once_while_children_and_a_worker_are_killed(
             kills += 1
         time.sleep(0.1)  # sleep-ok: the pace of the kills
     runs = {int(k): int(v) for k, v in ledger.hgetall(env["LEDGER_KEY"]).items()}
+    claims = {n: ledger.scard(env["LEDGER_KEY"] + f":claims:{n}") for n in runs}
     sums = {int(k): int(v) for k, v in ledger.hgetall(env["LEDGER_KEY"] + ":sum").items()}
     ledger.close()
     elapsed = time.monotonic() - started
-    twice = sorted(n for n, c in runs.items() if c > 1)
+    fired_twice = sorted(n for n, c in claims.items() if c > 1)
+    reruns = sorted(n for n, c in runs.items() if c > 1 and claims[n] == 1)
     missing = sorted(set(range(CHORDS)) - set(runs))
     print(f"\nchord chaos: {CHORDS} chords x {SIZE} tasks in {elapsed:.1f}s, {kills} children "
-          f"killed, worker replaced: {replaced}; bodies run once: "
-          f"{sum(1 for c in runs.values() if c == 1)}, twice or more: {len(twice)}, "
-          f"never: {len(missing)}")
+          f"killed, worker replaced: {replaced}; bodies fired once: "
+          f"{sum(1 for c in claims.values() if c == 1)}, fired twice: {len(fired_twice)}, "
+          f"never: {len(missing)}; bodies run again after their own process was lost "
+          f"(the same publish redelivered, at least once): {len(reruns)}")
     assert replaced
     if missing:
         print(second.log[-3000:])
     assert not missing, f"bodies that never ran: {missing[:20]}"
-    assert not twice, f"bodies that ran more than once: {twice[:20]}"
+    # Exactly once is the chord's part: one publish of each body runs. A body whose own
+    # process is killed after its side effect and before its ack runs again, as any task
+    # does (at least once); the ledger tells that apart by the publish's claim.
+    assert not fired_twice, f"bodies fired more than once: {fired_twice[:20]}"
     assert set(sums.values()) == {sum(range(SIZE))}
     assert all(b.get(timeout=10) == sum(range(SIZE)) for b in bodies[:20])

@@ -222,14 +222,18 @@ def part(i: int) -> int:
     return i
 
 
-@app.task
-def ledger(results: list[int], chord_no: int) -> int:
-    """A chord body that counts its runs per chord in Redis (``LEDGER_KEY``)."""
+@app.task(bind=True)
+def ledger(self, results: list[int], chord_no: int) -> int:  # type: ignore[no-untyped-def]
+    """A chord body that counts its runs per chord in Redis (``LEDGER_KEY``), and which
+    publish of the body each run was (its ``celeriac_chord_claim`` header): two claims
+    for one chord would be the body fired twice."""
     import redis
 
     client = redis.Redis.from_url(os.environ.get("LEDGER_REDIS", "redis://127.0.0.1:6379/0"))
+    claim = self.request.headers.get("celeriac_chord_claim")
     try:
         client.hincrby(os.environ["LEDGER_KEY"], str(chord_no), 1)
+        client.sadd(os.environ["LEDGER_KEY"] + f":claims:{chord_no}", str(claim))
         client.hset(os.environ["LEDGER_KEY"] + ":sum", str(chord_no), sum(results))
     finally:
         client.close()
