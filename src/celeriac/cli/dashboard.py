@@ -64,12 +64,15 @@ def _names(value: str | None) -> list[str]:
               help="Comma-separated Host header names to accept (default: the loopback "
                    "names when listening on loopback, else any). Needed behind a reverse "
                    "proxy that passes its own Host to a loopback dashboard.")
+@click.option("--read-only", is_flag=True, default=False,
+              help="No actions: the page shows no revoke, pool, rate-limit or shutdown "
+                   "buttons and the server refuses them.")
 @click.option("-l", "--loglevel", type=click.Choice(LEVELS, case_sensitive=False),
               default="info", show_default=True)
 @click.pass_obj
 def dashboard(load: AppLoader, host: str, port: int, auth: tuple[str, str] | None,
               queues: str | None, insecure_bind: bool, allowed_hosts: str | None,
-              loglevel: str) -> None:
+              read_only: bool, loglevel: str) -> None:
     """Serve the web dashboard (live workers, tasks, queues, charts) and /metrics."""
     loopback = is_loopback(host)
     if not loopback and auth is None and not insecure_bind:
@@ -96,10 +99,12 @@ def dashboard(load: AppLoader, host: str, port: int, auth: tuple[str, str] | Non
         # user's browser would otherwise reach it under its own name.
         from ..dashboard.security import LOOPBACK_HOSTS
         hosts = list(LOOPBACK_HOSTS)
-    web = create_app(app, auth=auth, queues=_names(queues), allowed_hosts=hosts)
+    web = create_app(app, auth=auth, queues=_names(queues), allowed_hosts=hosts,
+                     read_only=read_only)
     shown = f"[{host}]" if ":" in host else host
-    logger.info("celeriac dashboard on http://%s:%d/ (%s)", shown, port,
-                f"basic auth as {auth[0]!r}" if auth else "no auth")
+    logger.info("celeriac dashboard on http://%s:%d/ (%s, %s)", shown, port,
+                f"basic auth as {auth[0]!r}" if auth else "no auth",
+                "read-only" if read_only else "actions on")
     config = uvicorn.Config(web, host=host, port=port, log_config=None,
                             log_level=loglevel.lower(), access_log=loglevel.lower() == "debug",
                             server_header=False, lifespan="on",

@@ -13,6 +13,8 @@ Layout of the package:
   for) and the ASGI response that writes to one.
 - ``metrics``: the Prometheus collector reading the monitor.
 - ``security``: HTTP basic auth, the Host check against DNS rebinding, response headers.
+- ``actions``: the POST actions (revoke, pool grow/shrink, rate limit, shutdown) through
+  ``app.control``, their CSRF protection, the read-only switch.
 - ``web``: ``create_app``, the routes and the JSON views.
 - ``static/``: the page (HTML, CSS, vanilla JS; no build step, no CDN).
 

@@ -72,10 +72,13 @@ class Guard:
             if host not in self.allowed_hosts:
                 await _plain(send, 421, b"unknown Host; see --allowed-hosts\n")
                 return
-        if self._user is not None and not self._authorized(headers.get(b"authorization")):
-            await _plain(send, 401, b"authentication required\n",
-                         [(b"www-authenticate", self._challenge)])
-            return
+        if self._user is not None:
+            if not self._authorized(headers.get(b"authorization")):
+                await _plain(send, 401, b"authentication required\n",
+                             [(b"www-authenticate", self._challenge)])
+                return
+            # who acts (the actions log it and bind their CSRF tokens to it)
+            scope = {**scope, "celeriac.user": self._user.decode("utf-8", "replace")}
 
         async def send_with_headers(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":

@@ -17,6 +17,9 @@
                         last seconds of throughput) every second, ``tasks`` (changed
                         tasks) every quarter second
 ``/metrics``            Prometheus text format
+``/api/config``,        what the page may offer, the CSRF token, and the POST actions:
+``/api/csrf``,          see ``actions`` (all refused with ``read_only``)
+``/api/actions/*``
 =====================  ==============================================================
 
 Every URL the page uses is relative, so the dashboard also works behind a reverse proxy
@@ -43,6 +46,7 @@ from starlette.routing import Route
 
 from ..errors import CeleriacError
 from ..events import ClusterState
+from .actions import Actions
 from .metrics import registry_for
 from .monitor import Monitor, task_summary, task_view
 from .security import Guard
@@ -57,6 +61,7 @@ MAX_LIMIT = 10_000
 STATIC = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "actions.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 
@@ -86,14 +91,18 @@ class Asset:
 
 
 class Views:
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(self, monitor: Monitor, actions: Actions) -> None:
         self.monitor = monitor
+        self.actions = actions
         self.state = monitor.state
         self.assets = {name: Asset(name) for name in STATIC}
         self.registry = registry_for(monitor)
 
     async def index(self, request: Request) -> Response:
-        return self.assets["index.html"].response(request)
+        response = self.assets["index.html"].response(request)
+        if self.actions.enabled:  # a fresh CSRF token with each load of the page
+            self.actions.csrf.set_cookie(response, request)
+        return response
 
     async def static(self, request: Request) -> Response:
         asset = self.assets.get(request.path_params["name"])
@@ -204,7 +213,7 @@ class StreamEndpoint:
 def create_app(app: Celeriac, *, state: ClusterState | None = None,
                auth: tuple[str, str] | None = None, queues: Iterable[str] = (),
                allowed_hosts: Iterable[str] | None = None,
-               receive_events: bool = True) -> Starlette:
+               receive_events: bool = True, read_only: bool = False) -> Starlette:
     """The dashboard for ``app``'s cluster.
 
     ``state``: a ClusterState to show (and feed); a new one by default.
@@ -213,9 +222,12 @@ def create_app(app: Celeriac, *, state: ClusterState | None = None,
     ``allowed_hosts``: accepted ``Host`` header names (None: any).
     ``receive_events``: subscribe to the event channel while the app runs (tests that
     feed the state themselves turn it off).
+    ``read_only``: refuse the actions (revoke, pool, rate limit, shutdown) and hide
+    their buttons.
     """
     monitor = Monitor(app, state, queues=queues)
-    views = Views(monitor)
+    actions = Actions(monitor, enabled=not read_only)
+    views = Views(monitor, actions)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -236,8 +248,10 @@ def create_app(app: Celeriac, *, state: ClusterState | None = None,
         Route("/api/beat", views.beat),
         Route("/api/events", StreamEndpoint(monitor)),
         Route("/metrics", views.metrics),
+        *actions.routes(),
     ]
     web = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(Guard, auth=auth, allowed_hosts=allowed_hosts)])
     web.state.monitor = monitor
+    web.state.actions = actions
     return web

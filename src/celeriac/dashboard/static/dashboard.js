@@ -8,6 +8,9 @@
   const HISTORY = 300;           // seconds drawn by the charts
   const STATES = ["PENDING", "RECEIVED", "STARTED", "SUCCESS", "FAILURE", "RETRY", "REVOKED",
     "REJECTED"];                 // the filter's states, and the custom ones seen (counts)
+  const WORKER_ACTIONS = [["pool_grow", "pool +1", "Add a pool process"],
+    ["pool_shrink", "pool \u22121", "Stop a pool process"],
+    ["shutdown", "Shut down", "Warm shutdown of this worker"]];
 
   const $ = (id) => document.getElementById(id);
   const tasks = new Map();       // uuid -> summary (no traceback)
@@ -229,6 +232,16 @@
         ? w.loadavg.map((x) => Number(x).toFixed(2)).join(", ") : "";
       tr.append(el("td", load, "load"));
       tr.append(el("td", fmtAge(w.last_heartbeat), "age"));
+      // actions.js handles the clicks (hidden unless the server allows actions)
+      const acts = el("td", null, "actions");
+      for (const [action, label, title] of WORKER_ACTIONS) {
+        const b = el("button", label, "act act-" + action);
+        b.type = "button";
+        b.dataset.action = action;
+        b.title = title;
+        acts.append(b);
+      }
+      tr.append(acts);
       return tr;
     });
     $("workers").tBodies[0].replaceChildren(...rows);
