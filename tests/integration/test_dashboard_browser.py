@@ -3,7 +3,9 @@
 A worker subprocess (``-E``) and ``celeriac dashboard`` (with basic auth) run on one SQLite
 broker; the test sends tasks, some failing, and watches the page update itself: the
 worker online, each task reaching its state, the traceback of a failed task, queue
-lengths, the state filter. It saves a screenshot and prints its path.
+lengths, the state filter. It saves a screenshot and prints its path. A second test
+clicks the actions (revoke, terminate, pool +1/-1, a rate limit, shut down) against a
+prefork worker, through the page's CSRF-protected POSTs.
 
 Playwright drives Debian's Chromium (``playwright install`` cannot download here). Without
 it the test is skipped, except under ``CI=true``, where it fails.
@@ -254,3 +256,101 @@ def test_dashboard_in_a_browser(app: Celeriac, start_worker: Callable[..., Worke
         finally:
             browser.close()
     assert PASSWORD not in board.log
+
+
+def test_dashboard_actions_in_a_browser(app: Celeriac,
+                                        start_worker: Callable[..., WorkerProcess],
+                                        dashboard: Callable[..., Dashboard],
+                                        tmp_path: Path) -> None:
+    """The action buttons, clicked in the page, acting on a real prefork worker through
+    the CSRF-protected POSTs: revoke then terminate a running task, pool +1 and -1, a rate
+    limit from the form (a bad one refused), and shut the worker down."""
+    require_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    name = "actions@test"
+    worker = start_worker("-E", "-c", "2", "-n", name)
+    board = dashboard()
+
+    def pool_processes() -> int:
+        stats = app.control.inspect(destination=[name], timeout=3).stats() or {}
+        return len(stats[name]["pool"]["processes"]) if name in stats else 0
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox"])
+        try:
+            context = browser.new_context(http_credentials={"username": USER,
+                                                            "password": PASSWORD},
+                                          viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            errors: list[str] = []
+            dialogs: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+            def accept(dialog: Any) -> None:
+                dialogs.append(dialog.message)
+                dialog.accept()
+
+            page.on("dialog", accept)
+            page.goto(board.url)
+            expect(page.locator("#conn")).to_have_text("live", timeout=TIMEOUT_MS)
+            worker_row = page.locator(f'#workers tr[data-hostname="{name}"]')
+            expect(worker_row.locator(".status")).to_have_text("online", timeout=TIMEOUT_MS)
+            status = page.locator("#action-status")
+
+            # Revoke, then Terminate, a task that is running.
+            long = t.sleep.delay(30)
+            row = page.locator(f'#tasks tr[data-uuid="{long.id}"]')
+            expect(row).to_have_attribute("data-state", "STARTED", timeout=TIMEOUT_MS)
+            row.locator("td.name").click()
+            expect(page.locator("#detail")).to_have_attribute("data-uuid", long.id)
+            page.locator("#d-revoke").click()
+            expect(status).to_contain_text(f"{name}: tasks {long.id} flagged as revoked",
+                                           timeout=TIMEOUT_MS)
+            page.locator("#d-terminate").click()
+            expect(status).to_contain_text(f"{name}: terminate: {long.id}",
+                                           timeout=TIMEOUT_MS)
+            expect(row).to_have_attribute("data-state", "REVOKED", timeout=TIMEOUT_MS)
+            expect(page.locator("#d-state")).to_have_text("REVOKED", timeout=TIMEOUT_MS)
+            expect(page.locator("#d-revoke")).to_be_hidden()  # nothing left to revoke
+            assert long.state == "REVOKED"
+
+            # pool +1: the worker's pool grows from 2 to 3; -1 brings it back.
+            worker_row.locator("button.act-pool_grow").click()
+            expect(status).to_contain_text(f"{name}: pool will grow", timeout=TIMEOUT_MS)
+            wait_until(lambda: pool_processes() == 3, 15, interval=0.2, message="pool of 3")
+            worker_row.locator("button.act-pool_shrink").click()
+            expect(status).to_contain_text(f"{name}: pool will shrink", timeout=TIMEOUT_MS)
+
+            # A rate limit from the form; a bad rate is refused, naming the field.
+            page.fill("#r-task", t.add.name)
+            page.fill("#r-rate", "fast")
+            page.select_option("#r-worker", name)
+            page.locator("#r-set").click()
+            expect(status).to_contain_text("rate: 'fast' is not a rate", timeout=TIMEOUT_MS)
+            expect(status).to_have_attribute("data-ok", "false")
+            page.fill("#r-rate", "10/m")
+            page.locator("#r-set").click()
+            expect(status).to_contain_text(f"{name}: new rate limit set successfully",
+                                           timeout=TIMEOUT_MS)
+            expect(status).to_have_attribute("data-ok", "true")
+            screenshot = tmp_path / "dashboard-actions.png"
+            page.screenshot(path=str(screenshot), full_page=True)
+            print(f"\ndashboard actions screenshot: {screenshot}")
+
+            # Shut down (confirmed): the worker exits and the page sees it go.
+            worker_row.locator("button.act-shutdown").click()
+            expect(status).to_contain_text(f"{name}: shutting down", timeout=TIMEOUT_MS)
+            assert worker.wait(15) == 0, worker.log
+            expect(worker_row.locator(".status")).to_have_text("offline",
+                                                               timeout=TIMEOUT_MS)
+            assert len(dialogs) == 2 and "Terminate task" in dialogs[0] \
+                and "Shut down" in dialogs[1], dialogs
+            assert errors == [], errors
+        finally:
+            browser.close()
+    log = board.log
+    assert f"pool_grow {name} by 1, by {USER} from 127.0.0.1" in log
+    assert f"terminate {long.id} with SIGTERM on {name}, by {USER}" in log
+    assert PASSWORD not in log

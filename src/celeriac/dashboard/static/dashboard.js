@@ -185,6 +185,7 @@
     $("detail").hidden = false;
     $("tasks-panel").classList.add("detail-open");
     $("detail").dataset.uuid = uuid;
+    $("detail").dataset.state = t.state || "";
     $("d-state").textContent = t.state || "";
     $("d-state").className = "state state-" + (t.state || "");
     $("d-name").textContent = t.name || "";
