@@ -3,7 +3,9 @@
 The dashboard shows task arguments, results and tracebacks, which may hold anything; so:
 
 - with ``auth``, every request (page, API, stream, metrics) needs the credentials; they
-  are compared in constant time and the password is never logged or echoed;
+  are compared in constant time and the password is never logged or echoed; the user
+  name goes on in the ASGI scope as ``celeriac.user`` (the actions log it and bind their
+  CSRF tokens to it);
 - with ``allowed_hosts`` (the CLI sets the loopback names when it binds to loopback
   without auth), a request whose ``Host`` is anything else gets 421: a web page on
   another site cannot read the dashboard by rebinding its DNS name to 127.0.0.1;
@@ -77,7 +79,6 @@ class Guard:
                 await _plain(send, 401, b"authentication required\n",
                              [(b"www-authenticate", self._challenge)])
                 return
-            # who acts (the actions log it and bind their CSRF tokens to it)
             scope = {**scope, "celeriac.user": self._user.decode("utf-8", "replace")}
 
         async def send_with_headers(message: dict[str, Any]) -> None:
