@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +98,14 @@ STORES: dict[str, Callable[[Path], str]] = {
 }
 
 
-@pytest.fixture(params=sorted(STORES))
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    url = STORES[request.param](tmp_path)
-    yield url
-    if request.param == "redis":
-        _drop_redis_namespace(url)
-    elif request.param == "postgres":
-        store = open_store(Settings(result_backend=url), url)
-        store.drop()  # type: ignore[attr-defined]
-        store.close()
+@pytest.fixture
+def store_urls(tmp_path: Path) -> Iterator[dict[str, str]]:
+    urls = {name: make(tmp_path) for name, make in STORES.items()}
+    yield urls
+    _drop_redis_namespace(urls["redis"])
+    store = open_store(Settings(result_backend=urls["postgres"]), urls["postgres"])
+    store.drop()  # type: ignore[attr-defined]
+    store.close()
 
 
 def drain(broker: str, queue: str = "celery") -> list[str]:
@@ -133,7 +132,25 @@ def leader_pid(store: BeatStore) -> int | None:
 
 
 def test_three_beats_kills_and_an_outage_send_each_due_time_once(
-        store_url: str, tmp_path: Path) -> None:
+        store_urls: dict[str, str], tmp_path: Path) -> None:
+    # The three stores' scenarios run side by side: each has its own processes, files
+    # and keys, and spends its time waiting (on leases, an outage), not computing.
+    with ThreadPoolExecutor(len(store_urls)) as pool:
+        futures = {name: pool.submit(_scenario, url, tmp_path / name)
+                   for name, url in store_urls.items()}
+    failures = []
+    for name, future in futures.items():
+        try:
+            print(future.result())
+        except AssertionError as exc:
+            failures.append(f"{name}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+def _scenario(store_url: str, tmp_path: Path) -> str:
+    """Three beats on ``store_url``, two leader kills, an outage; the summary line, or
+    AssertionError."""
+    tmp_path.mkdir()
     broker = f"sqlite:///{tmp_path / 'broker.db'}"
     env = {"CELERIAC_BROKER_URL": broker, "CELERIAC_RESULT_BACKEND": store_url,
            "CELERIAC_BEAT_LEASE_TIMEOUT": str(LEASE),
@@ -194,12 +211,13 @@ def test_three_beats_kills_and_an_outage_send_each_due_time_once(
     gaps = [b - a for a, b in itertools.pairwise(dues)]
     long_gaps = [g for g in gaps if g > 1000]
     minutes = [r.due_ms for r in runs if r.name == "minute"]
-    print(f"\nbeat HA on {store_url.split(':')[0]}: {len(dues)} tick runs, "
-          f"{len(minutes)} minute runs, doubled {len(doubled)}, missing {len(missing)}, "
-          f"takeovers {', '.join(f'{t:.2f}s' for t in takeovers)}, "
-          f"long gaps {[g / 1000 for g in long_gaps]}")
-    assert doubled == [] and missing == [] and unclaimed == []
+    summary = (f"beat HA on {store_url.split(':')[0]}: {len(dues)} tick runs, "
+               f"{len(minutes)} minute runs, doubled {len(doubled)}, missing "
+               f"{len(missing)}, takeovers {', '.join(f'{t:.2f}s' for t in takeovers)}, "
+               f"long gaps {[g / 1000 for g in long_gaps]}")
+    assert doubled == [] and missing == [] and unclaimed == [], summary
     assert all(g % 1000 == 0 for g in gaps) and len(dues) == len(set(dues))
     assert len(long_gaps) <= len(outages)
     assert all(m % 60_000 == 0 for m in minutes) and len(minutes) == len(set(minutes))
-    assert all(t < LEASE * 2 for t in takeovers)
+    assert all(t < LEASE * 2 for t in takeovers), summary
+    return summary
