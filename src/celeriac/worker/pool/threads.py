@@ -182,8 +182,12 @@ class ThreadsPool(Pool):
     # -- stopping -------------------------------------------------------------------------
     async def recall_queued(self) -> None:
         with self._lock:
-            back = list(self._waiting)
-            self._waiting.clear()
+            # Jobs that went to a free thread count as started (the contract) even if
+            # the thread has not taken them yet: only those beyond the threads go back.
+            keep = max(0, self.concurrency - len(self._current))
+            back = list(self._waiting)[keep:]
+            for _ in back:
+                self._waiting.pop()
         for job, _soft in back:
             del self._sync[job.seq]
             self.on_returned(job)
