@@ -59,6 +59,10 @@ class AsyncMode:
         self.exit: int | None = None
         self._finished: asyncio.Future[None] | None = None
         self._reading = False
+        self._dones: list[bytes] = []
+        """DONE frames not yet written: those of one turn of the loop go in one write
+        (timers due together end many tasks at once; a write costs a wake-up of the
+        parent)."""
 
     def serve(self, job: Job, soft: float | None, hard: float | None) -> int | None:
         """Run ``job`` and every async job that follows until none is in flight; the exit
@@ -78,6 +82,7 @@ class AsyncMode:
             self._pump()
             await self._finished
         finally:
+            self._flush()
             self.inbox.on_pending = None
             self._read(False)
             self.tasks.lag.pause()
@@ -91,8 +96,16 @@ class AsyncMode:
             self.retiring = True
         # The result travels with DONE (the parent stores it before the ack). Every DONE
         # of a recycled child says so: the parent stops sending it jobs at the first.
-        self.outbox.send(pipes.encode_done(job.seq, result, self.retiring))
+        self._dones.append(pipes.encode_done(job.seq, result, self.retiring))
+        if len(self._dones) == 1:
+            self.loop.call_soon(self._flush)
         self._pump()  # room opened: the job waiting for it, or more from the pipe
+
+    def _flush(self) -> None:
+        if self._dones:
+            data = b"".join(self._dones)
+            self._dones.clear()
+            self.outbox.send(data)
 
     def _pump(self) -> None:
         """Start what can start: frames set aside first, then the pipe; stop reading
@@ -101,6 +114,11 @@ class AsyncMode:
         if finished is None or finished.done():
             return  # a wake-up from the control thread after we left
         inbox = self.inbox
+        if inbox.pending:
+            # A queued job may start below: the DONEs that made room for it go first, so
+            # that the control thread's STARTED (or RECALLED) follows them, as the
+            # parent's books expect (channels.py).
+            self._flush()
         while True:
             with inbox.lock:
                 if inbox.pending:

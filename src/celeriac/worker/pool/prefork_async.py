@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celeriac.worker.pool.prefork")
 
+ASYNC_WINDOW = 2.0
+"""Seconds after an async job during which the pool reports room for async jobs."""
+
 
 class AsyncDispatch(Pool):
     if TYPE_CHECKING:  # PreforkPool's
@@ -74,10 +77,19 @@ class AsyncDispatch(Pool):
 
     def capacity(self) -> int:
         # A child in async mode runs up to child_concurrency jobs: the prefetch follows.
+        # For a while after the last async job too: short ones leave the children idle
+        # between two fetches, and a prefetch sized then (one job per child) would keep
+        # a drain of them at a few in flight.
+        if self.loop.time() < self.async_until:
+            return self.concurrency * self.child_concurrency
         busy = sum(1 for c in self.children.values() if c.tasks)
         return self.concurrency + busy * (self.child_concurrency - 1)
 
+    async_until = 0.0
+    """Loop time until which the prefetch counts every child's async room (``capacity``)."""
+
     def submit_async(self, job: Job, hard: float | None, soft: float | None) -> None:
+        self.async_until = self.loop.time() + ASYNC_WINDOW
         frame = pipes.encode_job(job, soft, hard)
         self._held += 1
         if self.idle:

@@ -52,6 +52,10 @@ class ThreadsPool(Pool):
         self._sync: dict[int, Job] = {}
         """Sync jobs in the pool (waiting or running), by seq."""
         self._async: dict[int, Job] = {}
+        """Async jobs in the pool, by seq: on the loop, or waiting for room there."""
+        self._async_waiting: deque[tuple[Job, float | None, float | None]] = deque()
+        self._async_until = 0.0
+        """Loop time until which the prefetch counts the loop's room (``capacity``)."""
         self._limits: dict[int, Entry] = {}
         self._stopping = False
         self._terminated = False
@@ -67,17 +71,18 @@ class ThreadsPool(Pool):
 
     # -- slots ----------------------------------------------------------------------------
     def free_slots(self) -> int:
-        free = self.concurrency - len(self._sync)
-        if self._async:
-            # While async tasks run, the loop's room counts too. A sync job that takes it
-            # waits for a thread (in ``_waiting``, handed back by a warm stop): at most
-            # that many, so nothing beyond the loop's room piles up in the pool.
-            room = self.child_concurrency - len(self._async) - max(0, -free)
-            return max(0, free) + max(0, room)
-        return max(0, free)
+        # N threads, and while async tasks run the loop's room too. The consumer cannot
+        # choose a job's kind, so a job may take the other kind's slot: it then waits in
+        # the pool (a sync job for a thread, an async one for room on the loop; a warm
+        # stop hands both back). The total never passes the two together.
+        room = self.concurrency + (self.child_concurrency if self._async else 0)
+        return max(0, room - len(self._sync) - len(self._async))
 
     def capacity(self) -> int:
-        return self.concurrency + (self.child_concurrency if self._async else 0)
+        # As prefork's: counted for a while after the last async job, or a drain of
+        # short ones would be fetched for a few at a time.
+        recent = self._async or self.loop.time() < self._async_until
+        return self.concurrency + (self.child_concurrency if recent else 0)
 
     def running(self) -> list[Job]:
         return [*self._sync.values(), *self._async.values()]
@@ -87,10 +92,11 @@ class ThreadsPool(Pool):
         hard, soft = self.limits(job)
         if is_async(self.app, job.headers):
             self._async[job.seq] = job
-            if self._aio is None:
-                self._aio = _LoopThread(self.app, self.task_events, self._async_done)
-            self.on_started(job)
-            self._aio.start(job, soft, hard)
+            self._async_until = self.loop.time() + 2.0
+            if len(self._async) - len(self._async_waiting) > self.child_concurrency:
+                self._async_waiting.append((job, soft, hard))
+            else:
+                self._start_async(job, soft, hard)
             return
         self._sync[job.seq] = job
         with self._lock:
@@ -165,6 +171,12 @@ class ThreadsPool(Pool):
         self._settled(job, outcome)
 
     # -- async jobs: the loop thread ------------------------------------------------------
+    def _start_async(self, job: Job, soft: float | None, hard: float | None) -> None:
+        if self._aio is None:
+            self._aio = _LoopThread(self.app, self.task_events, self._async_done)
+        self.on_started(job)
+        self._aio.start(job, soft, hard)
+
     def _async_done(self, job: Job, result: Result) -> None:
         # On the loop thread: over to the worker's loop.
         self._call(self._async_settled, job, Outcome(*result))
@@ -172,6 +184,8 @@ class ThreadsPool(Pool):
     def _async_settled(self, job: Job, outcome: Outcome) -> None:
         if self._terminated or self._async.pop(job.seq, None) is None:
             return
+        if self._async_waiting:
+            self._start_async(*self._async_waiting.popleft())
         self._settled(job, outcome)
 
     def _settled(self, job: Job, outcome: Outcome) -> None:
@@ -188,8 +202,12 @@ class ThreadsPool(Pool):
             back = list(self._waiting)[keep:]
             for _ in back:
                 self._waiting.pop()
-        for job, _soft in back:
+        for job, _soft in reversed(back):  # each goes first in line: last one first
             del self._sync[job.seq]
+            self.on_returned(job)
+        while self._async_waiting:
+            job = self._async_waiting.pop()[0]
+            del self._async[job.seq]
             self.on_returned(job)
         if not self._sync and not self._async:
             self._idle.set()
