@@ -1432,12 +1432,16 @@ def sleep_table(outcomes: list[Outcome]) -> Table | None:
     noop_drain = noop.median(lambda r: r.drain) if noop else None
     if mine_drain:
         wait_bound = SLEEP_IN_FLIGHT / bench_tasks.SLEEP_SECONDS
-        if noop_drain:
+        if noop_drain and noop is not None and mine is not None:
             ceiling = min(wait_bound, noop_drain)
+            # Run by run too: runs are interleaved, so run i of each saw the same machine.
+            paired = [f"{m.drain / min(wait_bound, n.drain):.0%}"
+                      for m, n in zip(mine.runs, noop.runs, strict=False) if m.drain and n.drain]
             table.caption = (
                 f"ceiling with {SLEEP_IN_FLIGHT} in flight: min({wait_bound:,.0f}/s the wait "
                 f"allows, {noop_drain:,.0f}/s the CPU allows = this run's no-op drain) = "
-                f"{ceiling:,.0f}/s; the async sleep drain is {mine_drain / ceiling:.0%} of it")
+                f"{ceiling:,.0f}/s; the async sleep drain is {mine_drain / ceiling:.0%} of it "
+                f"(run by run against that run's no-op drain: {', '.join(paired)})")
         else:
             table.caption = (f"{SLEEP_IN_FLIGHT} in flight allow {wait_bound:,.0f}/s; add "
                              "--systems redis for the CPU-bound ceiling (the no-op drain)")

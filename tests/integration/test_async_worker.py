@@ -82,3 +82,27 @@ def test_threads_pool_runs_sync_and_async_tasks_and_warns_of_hard_limits(
     assert at.soft_thread.delay().get(timeout=10) == "cleaned up"
     assert at.asoft.delay().get(timeout=10) == "cleaned up"
     assert at.aflaky.delay(3).get(timeout=10) == [3, 2]
+
+
+def test_warm_stop_lets_async_tasks_in_flight_finish_and_a_cold_one_gives_them_back(
+        app: Celeriac, tmp_path: Path, start_worker: Callable[..., WorkerProcess]) -> None:
+    w = start_worker("-c", "2", "--child-concurrency", "20")
+    marks = tmp_path / "warm"
+    marks.mkdir()
+    results = [at.anap.delay(1.0, str(marks)) for _ in range(20)]
+    wait_until(lambda: len(list(marks.iterdir())) == 20, 10)
+    w.signal(signal.SIGTERM)
+    assert w.wait(15) == 0
+    assert all(r.state == "SUCCESS" for r in results)  # finished before the exit
+    w.wait_for_log(r"warm shutdown: 20 task\(s\) running")
+
+    w2 = start_worker("-c", "1", "--child-concurrency", "20")
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    results = [at.anap.delay(5.0, str(cold)) for _ in range(10)]
+    wait_until(lambda: len(list(cold.iterdir())) == 10, 10)
+    w2.signal(signal.SIGQUIT)
+    assert w2.wait(10) == 0
+    assert not any(r.ready() for r in results)
+    start_worker("-c", "1", "--child-concurrency", "20")  # they were given back: run here
+    assert len({r.get(timeout=20) for r in results}) == 1

@@ -144,3 +144,32 @@ def test_solo_pool_runs_async_tasks_on_its_loop(app: Celeriac) -> None:
         assert double.delay(4).get(timeout=5) == 8
         assert add.delay(1, 2).get(timeout=5) == 3
         assert (double.s(1) | double.s()).delay().get(timeout=5) == 4
+
+
+def test_read_frames_takes_whole_frames_only() -> None:
+    import os
+    import threading
+
+    from celeriac.worker.pool import pipes
+
+    r, w = os.pipe()
+    try:
+        first, second = pipes.frame(pipes.STOP, b"a" * 10), pipes.frame(pipes.JOB, b"b" * 100)
+        os.write(w, first + second[:3])  # the second frame cut inside its header
+
+        def rest() -> None:
+            time.sleep(0.05)  # sleep-ok: the parent's second write comes later
+            os.write(w, second[3:])
+
+        t = threading.Thread(target=rest)
+        t.start()
+        frames = pipes.read_frames(r)
+        t.join()
+        assert frames == [(pipes.STOP, b"a" * 10), (pipes.JOB, b"b" * 100)]
+        os.close(w)
+        w = -1
+        assert pipes.read_frames(r) is None  # EOF
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)

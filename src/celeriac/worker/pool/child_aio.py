@@ -126,10 +126,14 @@ class AsyncMode:
                     if started:
                         inbox.pending.popleft()
                 elif select.select([inbox.job_fd], [], [], 0)[0]:
-                    frame = pipes.read_frame(inbox.job_fd)
-                    started = self._accept(frame)
-                    if not started and frame is not None:
-                        inbox.pending.appendleft(frame)
+                    # All that is there, in one read: into ``pending``, where the next
+                    # turns take them in order (and a RECALL finds them).
+                    frames = pipes.read_frames(inbox.job_fd)
+                    if frames is None:
+                        started = self._accept(None)
+                    else:
+                        inbox.pending.extend(frames)
+                        started = True
                 else:
                     started = False
             if finished.done() or not started:

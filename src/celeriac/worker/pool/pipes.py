@@ -261,6 +261,35 @@ def read_frame(fd: int) -> tuple[int, bytes] | None:
     return None if payload is None else (kind, payload)
 
 
+def read_frames(fd: int, limit: int = 1 << 16) -> list[tuple[int, bytes]] | None:
+    """Every frame that is in the pipe now, whole (child side, async mode): one read of up
+    to ``limit`` bytes, then blocking reads for the rest of a frame it cut (the parent
+    wrote it, in parts: the rest is coming). Never leaves part of a frame in the pipe,
+    which the control thread reads too. None at EOF."""
+    data = os.read(fd, limit)
+    if not data:
+        return None
+    frames: list[tuple[int, bytes]] = []
+    pos, size = 0, len(data)
+    while pos < size:
+        if size - pos < HEADER.size:
+            rest = _read_exact(fd, HEADER.size - (size - pos))
+            if rest is None:
+                return None
+            data, pos, size = data[pos:] + rest, 0, HEADER.size
+        length, kind = HEADER.unpack_from(data, pos)
+        start, end = pos + HEADER.size, pos + HEADER.size + length
+        if end > size:
+            rest = _read_exact(fd, end - size)
+            if rest is None:
+                return None
+            frames.append((kind, data[start:] + rest))
+            break
+        frames.append((kind, data[start:end]))
+        pos = end
+    return frames
+
+
 def _read_exact(fd: int, n: int) -> bytes | None:
     data = os.read(fd, n)
     if len(data) == n:
