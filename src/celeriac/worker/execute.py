@@ -139,15 +139,15 @@ def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content
     made here, beside the task, rather than in the worker's main process.
     """
     call = _begin(app, headers, body, content_type, queue, hostname, delivery_count)
-    if not isinstance(call, _Call):
+    if len(call) != _CALL_LEN:
         return call
-    if call.task.is_async:
+    task, request, args, kwargs = call[:4]
+    if task.is_async:
         # An executor without a loop of its own: the coroutine runs on a fresh one.
         # (The pools run async tasks on their loops, through aexecute_message.)
-        state, retval, action, reason = run_sync(
-            _arun(call.task, call.request, call.args, call.kwargs, None))
+        state, retval, action, reason = run_sync(_arun(task, request, args, kwargs, None))
     else:
-        state, retval, action, reason = _run(call.task, call.request, call.args, call.kwargs)
+        state, retval, action, reason = _run(task, request, args, kwargs)
     return _end(app, call, state, retval, action, reason, task_events)
 
 
@@ -160,10 +160,10 @@ async def aexecute_message(app: Celeriac, headers: dict[str, Any], body: bytes,
     hooks, follow-ups and the result's encoding run on the loop as they do in a thread:
     short, and in the same order as for a sync task."""
     call = _begin(app, headers, body, content_type, queue, hostname, delivery_count)
-    if not isinstance(call, _Call):
+    if len(call) != _CALL_LEN:
         return call
-    state, retval, action, reason = await _arun(call.task, call.request, call.args,
-                                                call.kwargs, guard)
+    task, request, args, kwargs = call[:4]
+    state, retval, action, reason = await _arun(task, request, args, kwargs, guard)
     if guard is not None and isinstance(guard.fired, TimeLimitExceeded):
         state, retval, action, reason = states.FAILURE, guard.fired, "ack", None
     return _end(app, call, state, retval, action, reason, task_events)
@@ -175,41 +175,15 @@ def is_async(app: Celeriac, headers: dict[str, Any]) -> bool:
     return task is not None and task.is_async
 
 
-class _Call:
-    """What ``_begin`` prepared for the task's run and ``_end`` finishes."""
-
-    __slots__ = (
-        "args",
-        "backend",
-        "embed",
-        "headers",
-        "hostname",
-        "kwargs",
-        "queue",
-        "request",
-        "scope",
-        "started",
-        "task",
-    )
-
-    def __init__(self, task: Any, request: Request, args: Any, kwargs: Any,
-                 embed: dict[str, Any] | None, backend: Any, scope: Any, started: float,
-                 headers: dict[str, Any], queue: str, hostname: str) -> None:
-        self.task = task
-        self.request = request
-        self.args = args
-        self.kwargs = kwargs
-        self.embed = embed
-        self.backend = backend
-        self.scope = scope
-        self.started = started
-        self.headers = headers
-        self.queue = queue
-        self.hostname = hostname
+_Call = tuple[Any, ...]
+"""What ``_begin`` prepared and ``_end`` finishes: (task, request, args, kwargs, embed,
+backend, scope, started, headers, queue, hostname). A plain tuple, told from a ``Result``
+(six items) by its length: a class with eleven slots cost 0.6 us more per task."""
+_CALL_LEN = 11
 
 
 def _begin(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str,
-           queue: str, hostname: str, delivery_count: int) -> _Call | Result:
+           queue: str, hostname: str, delivery_count: int) -> _Call:
     """Decode the body, claim a chord body, build the request, store STARTED, run the
     ``before_task`` hooks; a ``Result`` when the task must not run."""
     task_id = headers["id"]
@@ -265,16 +239,16 @@ def _begin(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: st
     scope = task.enter(request) if hooks or task.has_handlers else None
     if hooks:
         hooks.call("before_task", request)
-    return _Call(task, request, args, kwargs, embed, backend, scope, started, headers, queue,
-                 hostname)
+    return (task, request, args, kwargs, embed, backend, scope, started, headers, queue,
+            hostname)
 
 
 def _end(app: Celeriac, call: _Call, state: str | None, retval: Any, action: Action,
          reason: str | None, task_events: bool) -> Result:
     """Follow-ups, the result's encoding, handlers and ``after_task`` hooks, the log."""
-    task, request, backend, embed = call.task, call.request, call.backend, call.embed
+    task, request, args, kwargs, embed, backend, scope, started, headers, queue, hostname = call
     task_id = request.id
-    runtime = time.monotonic() - call.started
+    runtime = time.monotonic() - started
     stored = shown = None
     failed = isinstance(retval, BaseException)
     tb = "".join(traceback.format_exception(retval)) if failed and (
@@ -282,9 +256,8 @@ def _end(app: Celeriac, call: _Call, state: str | None, retval: Any, action: Act
     # Follow-ups go first: what they send is stored with the result (``children``).
     followed = embed is None or _follow_up(app, request, state, retval, tb, embed)
     if backend is not None and state is not None:
-        extended = {"name": task.name, "args": call.args, "kwargs": call.kwargs,
-                    "worker": call.hostname, "queue": call.queue} \
-            if app.settings.result_extended else None
+        extended = {"name": task.name, "args": args, "kwargs": kwargs, "worker": hostname,
+                    "queue": queue} if app.settings.result_extended else None
         if request.children:
             extended = {**(extended or {}), "children": request.children}
         stored = backend.encode(task_id, state, retval, traceback=tb, retries=request.retries,
@@ -313,9 +286,9 @@ def _end(app: Celeriac, call: _Call, state: str | None, retval: Any, action: Act
     hooks = app.hooks
     if hooks:
         hooks.call("after_task", request, state, retval)
-    if call.scope is not None:
-        task.leave(call.scope)
-    _log(call.headers.get("shadow") or task.name, task_id, state, retval, runtime)
+    if scope is not None:
+        task.leave(scope)
+    _log(headers.get("shadow") or task.name, task_id, state, retval, runtime)
     return action, state, reason, runtime, stored, shown
 
 
