@@ -25,7 +25,10 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
+import orjson
+
 from ..._aio import new_loop
+from ..._progress import ProgressReporter
 from ...errors import SoftTimeLimitExceeded
 from ..execute import Job, Outcome, Result, execute, is_async
 from ..timer import Entry, Timer
@@ -66,6 +69,9 @@ class ThreadsPool(Pool):
         for t in self._threads:
             t.start()
         self._aio: _LoopThread | None = None
+        # update_state's reports (task events only), as the solo pool sends them: calls
+        # on the worker's loop, in order with the outcome's.
+        self._reporter = ProgressReporter(self._send_progress) if self.task_events else None
         warn_hard_limits(self.app)
         self.app.hooks.call("worker_process_init")
 
@@ -122,6 +128,9 @@ class ThreadsPool(Pool):
                     return
                 job, soft = self._waiting.popleft()
                 self._current[me] = job
+            reporter = self._reporter
+            if reporter is not None:
+                reporter.begin(job.headers["id"])
             try:
                 self._call(self._begun, job, soft, me)
                 outcome = execute(self.app, job, self.task_events)
@@ -136,6 +145,8 @@ class ThreadsPool(Pool):
                 # never raises in this thread once the job has left it.
                 with self._lock:
                     self._current.pop(me, None)
+                if reporter is not None:
+                    reporter.end(job.headers["id"])  # before the outcome, as everywhere
             if not self._call(self._done, job, outcome):
                 return
 
@@ -145,6 +156,13 @@ class ThreadsPool(Pool):
         except RuntimeError:  # the loop is closed: the worker is gone (terminated)
             return False
         return True
+
+    def _send_progress(self, task_id: str, state: str, meta: bytes) -> None:
+        self._call(self._progress, task_id, state, orjson.loads(meta))
+
+    def _progress(self, task_id: str, state: str, meta: object) -> None:
+        if not self._terminated:
+            self.on_progress(task_id, state, meta)
 
     def _begun(self, job: Job, soft: float | None, ident: int) -> None:
         if self._terminated or job.seq not in self._sync:
@@ -173,7 +191,8 @@ class ThreadsPool(Pool):
     # -- async jobs: the loop thread ------------------------------------------------------
     def _start_async(self, job: Job, soft: float | None, hard: float | None) -> None:
         if self._aio is None:
-            self._aio = _LoopThread(self.app, self.task_events, self._async_done)
+            self._aio = _LoopThread(self.app, self.task_events, self._async_done,
+                                    self._reporter)
         self.on_started(job)
         self._aio.start(job, soft, hard)
 
@@ -242,10 +261,11 @@ class ThreadsPool(Pool):
 class _LoopThread:
     """An event loop in a thread of its own, running async jobs (a ``TaskSet``)."""
 
-    def __init__(self, app: Celeriac, task_events: bool, on_result: OnResult) -> None:
+    def __init__(self, app: Celeriac, task_events: bool, on_result: OnResult,
+                 reporter: ProgressReporter | None) -> None:
         self.loop = new_loop()
         self.tasks = TaskSet(app, self.loop, on_result, task_events=task_events,
-                             where="the threads pool's event loop")
+                             reporter=reporter, where="the threads pool's event loop")
         self.thread = threading.Thread(target=self._run, name="celeriac-async", daemon=True)
         self.thread.start()
         self.loop.call_soon_threadsafe(self.tasks.lag.start)
