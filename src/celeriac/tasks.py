@@ -12,7 +12,7 @@ import traceback as tb
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from . import states
 from .backends.base import ResultMeta
@@ -30,6 +30,7 @@ logger = logging.getLogger("celeriac.tasks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 _current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
     "celeriac.current_request", default=None)
@@ -268,7 +269,16 @@ class Task(Generic[P, R]):
             self._request.reset(token)
 
     # -- sending ------------------------------------------------------------------------
-    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]:
+    # An ``async def`` task's result is what its coroutine returns: for type checkers,
+    # ``delay()`` of a ``Task[P, Coroutine[Any, Any, T]]`` is an ``AsyncResult[T]``.
+    @overload
+    def delay(self: Task[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+              ) -> AsyncResult[T]: ...
+
+    @overload
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]: ...
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[Any]:
         """Send the task to a worker with these arguments."""
         return self.apply_async(args, kwargs)
 
