@@ -126,9 +126,10 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-Describe = Callable[[asyncio.Task[Any] | None], str]
+Describe = Callable[[asyncio.Task[Any] | None], str | None]
 """What a LagWatch logs of the loop's work: given the asyncio task that holds the loop
-(None when a callback outside any task does), the task id(s) and name(s)."""
+(None when a callback outside any task does), the task id(s) and name(s); None when no
+task runs (a stall then is the machine's, not a task's: nothing is logged)."""
 
 
 class LagWatch:
@@ -153,7 +154,8 @@ class LagWatch:
         self.episode: float | None = None
         """While an episode of lag lasts: when the loop last turned before it (monotonic)."""
         self.episodes = 0
-        self._handle: asyncio.TimerHandle | None = None
+        self._generation = 0
+        """Bumped by each ``start``: a stamp scheduled before a pause ends its chain."""
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -161,31 +163,32 @@ class LagWatch:
         """Begin watching (on the loop's thread, with the loop running or about to)."""
         self.beat = time.monotonic()
         self.active = True
-        self._tick()
+        self._generation += 1
+        self._tick(self._generation)
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="celeriac-lag-watch",
                                             daemon=True)
             self._thread.start()
 
     def pause(self) -> None:
-        """Stop watching (the loop is about to stop: its silence is not lag)."""
+        """Stop watching (the loop is about to stop: its silence is not lag). From any
+        thread: the loop's pending stamp sees it and schedules no other."""
         self.active = False
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
     def close(self) -> None:
         self.pause()
         self._thread = None
         self._wake.set()
 
-    def _tick(self) -> None:
+    def _tick(self, generation: int) -> None:
+        if not self.active or generation != self._generation:
+            return
         now = time.monotonic()
         if self.episode is not None:
             self.log.warning("%s unblocked after %.2fs", self.where, now - self.episode)
             self.episode = None
         self.beat = now
-        self._handle = self.loop.call_later(self.threshold / 4, self._tick)
+        self.loop.call_later(self.threshold / 4, self._tick, generation)
 
     def _watch(self) -> None:
         me = threading.current_thread()
@@ -195,13 +198,16 @@ class LagWatch:
                 continue
             lag = time.monotonic() - self.beat
             if lag > self.threshold:
-                self.episode = self.beat  # when it last turned
-                self.episodes += 1
                 try:
                     task = asyncio.current_task(self.loop)
                 except RuntimeError:  # pragma: no cover - the loop closed meanwhile
                     task = None
+                what = self.describe(task)
+                if what is None:
+                    continue
+                self.episode = self.beat  # when it last turned
+                self.episodes += 1
                 self.log.warning(
                     "%s blocked for more than %.2fs by %s: blocking code in an async "
                     "task (use await, or asyncio.to_thread for blocking calls)",
-                    self.where, self.threshold, self.describe(task))
+                    self.where, self.threshold, what)

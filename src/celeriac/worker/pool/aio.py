@@ -89,7 +89,9 @@ class TaskSet:
             result = ("requeue", None, repr(exc), 0.0, None, None)
         self.on_result(job, result)
 
-    def describe(self, task: asyncio.Task[Any] | None) -> str:
+    def describe(self, task: asyncio.Task[Any] | None) -> str | None:
+        if not self.running:
+            return None  # no task to blame: the loop was starved, not blocked
         job = self.running.get(task) if task is not None else None
         if job is not None:
             return f"Task {job.headers['task']}[{job.headers['id']}]"

@@ -256,6 +256,8 @@ class ThreadsPool(Pool):
         for entry in self._limits.values():
             entry.cancel()
         self._limits.clear()
+        if self._aio is not None:
+            self._aio.stop(wait=False)
 
 
 class _LoopThread:
@@ -277,10 +279,13 @@ class _LoopThread:
     def start(self, job: Job, soft: float | None, hard: float | None) -> None:
         self.loop.call_soon_threadsafe(self.tasks.start, job, soft, hard)
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop the loop (its tasks abandoned, if any) and, with ``wait``, close it."""
+        self.tasks.lag.close()  # a stopped loop's silence is not lag
         self.loop.call_soon_threadsafe(self.loop.stop)
+        if not wait:
+            return
         self.thread.join(5.0)
-        self.tasks.lag.close()
         if not self.thread.is_alive():
             self.loop.close()
 
