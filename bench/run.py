@@ -180,7 +180,9 @@ class CeleriacSystem(System):
 
     def enqueue(self, n: int) -> None:
         if self.io:
-            delay, key = self.app.tasks[bench_tasks.IO].delay, self.io_key
+            name = {"sync": bench_tasks.SLEEP, "async": bench_tasks.ASLEEP}.get(
+                getattr(self, "sleep", None) or "", bench_tasks.IO)
+            delay, key = self.app.tasks[name].delay, self.io_key
             self.ids = [delay(key).id for _ in range(n)]
             self.sent = n
             return
@@ -217,13 +219,21 @@ class CeleriacProcess(CeleriacSystem):
 
     def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1,
                  events: bool = False, watched: bool = False, io: bool = False,
-                 scale: int = 1, canvas: bool = False) -> None:
+                 scale: int = 1, canvas: bool = False, sleep: str | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
-        self.events, self.watched, self.io, self.scale = events, watched, io, scale
+        self.events, self.watched, self.scale = events, watched, scale
+        self.io = io or sleep is not None
+        self.sleep = sleep
+        """The sleep task (``sync`` or ``async``), counted as the I/O task is."""
+        self.args = args
+        """More worker options (``--child-concurrency 100``)."""
         self.canvas = canvas
-        suffix = f"prefork x{concurrency}" if pool == "prefork" else pool
+        suffix = f"prefork x{concurrency}" if pool == "prefork" else f"{pool} x{concurrency}"
         self.name = (f"celeriac {transport} {suffix}" + (" -E" if events else "")
                      + (" watched" if watched else "") + (" I/O task" if io else "")
+                     + (f" {sleep} sleep 10 ms" if sleep else "")
+                     + (f" {' '.join(args)}" if args else "")
                      + (f", {scale} workers" if scale > 1 else ""))
         where = ("broker + results in one SQLite file (WAL)" if transport == "sqlite" else
                  f"broker + results on Redis db {CELERIAC_REDIS_DB} ({CELERIAC_REDIS_URL})")
@@ -259,7 +269,7 @@ class CeleriacProcess(CeleriacSystem):
         exe = Path(sys.executable).with_name("celeriac")
         argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "celeriac"]
         argv += ["-A", "tasks", "worker", "--pool", self.pool, "-c", str(self.concurrency),
-                 "-l", "warning", *(["-E"] if self.events else [])]
+                 "-l", "warning", *(["-E"] if self.events else []), *self.args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERIAC_")}
         env.update(CELERIAC_BROKER_URL=self.broker_url,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
@@ -635,13 +645,20 @@ class PeerDriver:
 class PeerSystem(System):
     """A peer on its own Redis database: its driver produces, its worker drains."""
 
-    def __init__(self, peer: Peer, io: bool = False) -> None:
+    def __init__(self, peer: Peer, io: bool = False, sleep: bool = False,
+                 worker: tuple[str, ...] | None = None, label: str | None = None,
+                 key: str | None = None) -> None:
         self.peer = peer
-        self.io = io
-        self.canvas = peer.canvas and not io
-        self.key = f"{peer.key}-io" if io else peer.key
-        self.name = peer.name + (" I/O task" if io else "")
-        self.detail = f"{peer.detail}; worker: `{' '.join(peer.worker)}` subprocess"
+        self.io = io or sleep
+        self.sleep = sleep
+        """The sleep task (10 ms of ``time.sleep``), counted as the I/O task is."""
+        self.worker_argv = worker or peer.worker
+        self.canvas = peer.canvas and not self.io
+        self.key = key or (f"{peer.key}-sleep" if sleep else
+                           f"{peer.key}-io" if io else peer.key)
+        self.name = (f"{peer.label.lower()} redis {label}" if label else peer.name) + (
+            " sleep 10 ms" if sleep else " I/O task" if io else "")
+        self.detail = f"{peer.detail}; worker: `{' '.join(self.worker_argv)}` subprocess"
         self.bulk_methods = peer.bulk_methods
         self.venv = PeerVenv(peer)
         self.url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{peer.redis_db}"
@@ -671,7 +688,8 @@ class PeerSystem(System):
     def enqueue(self, n: int) -> None:
         assert self.driver is not None
         if self.io:
-            self.driver.call("enqueue", self.timeout, n=n, key=self.io_key)
+            self.driver.call("enqueue", self.timeout, n=n, key=self.io_key,
+                             **({"task": bench_tasks.SLEEP} if self.sleep else {}))
             self.sent = n
         else:
             self.driver.call("enqueue", self.timeout, n=n)
@@ -687,7 +705,7 @@ class PeerSystem(System):
         self.driver.call("purge", self.timeout)
 
     def start_worker(self, deadline: float) -> float:
-        argv = [str(self.venv.path / "bin" / self.peer.worker[0]), *self.peer.worker[1:]]
+        argv = [str(self.venv.path / "bin" / self.worker_argv[0]), *self.worker_argv[1:]]
         self.worker = WorkerProcess(argv, self.env(), PEERS_DIR, self.workdir / "worker.log")
         return self.worker.start(deadline, self.peer.ready_lines)
 
@@ -784,6 +802,19 @@ SYSTEMS: dict[str, Callable[[], System]] = {
                                                     2, events=True, watched=True),
     **{key: (lambda peer=peer: PeerSystem(peer)) for key, peer in PEERS.items()},
     **{f"{key}-io": (lambda peer=peer: PeerSystem(peer, io=True)) for key, peer in PEERS.items()},
+    # 10 ms of waiting per task (issue 16): async tasks on the children's loops, the
+    # threads pool, and the peers' thread pools (Celery threads x16, Dramatiq 2 x 8).
+    "redis-async-sleep": lambda: CeleriacProcess(
+        "redis-async-sleep", "redis", "prefork", 2, sleep="async",
+        args=("--child-concurrency", "100")),
+    "redis-threads-sleep": lambda: CeleriacProcess("redis-threads-sleep", "redis", "threads",
+                                                   16, sleep="sync"),
+    "redis-sleep": lambda: CeleriacProcess("redis-sleep", "redis", "prefork", 2, sleep="sync"),
+    "celery-threads-sleep": lambda: PeerSystem(
+        PEERS["celery"], sleep=True, label="threads x16", key="celery-threads-sleep",
+        worker=("celery", "-A", "celery_app", "worker", "--pool", "threads", "-c", "16",
+                "-l", "warning")),
+    "dramatiq-sleep": lambda: PeerSystem(PEERS["dramatiq"], sleep=True, label="2 procs x 8"),
     "sqlite": lambda: CeleriacProcess("sqlite", "sqlite"),
     "sqlite-prefork": lambda: CeleriacProcess("sqlite-prefork", "sqlite", "prefork", 2),
     "memory": CeleriacMemory,
@@ -1368,6 +1399,55 @@ DRAMATIQ_DRAIN_TARGET = 2.0
 """celeriac's drain over Dramatiq's (2 processes x 8 threads), for both tasks."""
 
 
+SLEEP_TARGETS = {"celery-threads-sleep": 5.0, "dramatiq-sleep": 2.0}
+"""Issue 16: celeriac's async drain of 10 ms tasks over Celery's threads x16 and Dramatiq's
+2 x 8, in the same run."""
+SLEEP_IN_FLIGHT = 200
+"""Async tasks in flight in ``redis-async-sleep`` (2 children x 100)."""
+
+
+def sleep_table(outcomes: list[Outcome]) -> Table | None:
+    """The 10 ms-sleep drains side by side, the targets, and the ceiling: 200 in flight
+    allow 200 / 10 ms = 20,000/s, and the CPU no more than the no-op drain of this run
+    (the same worker doing everything but the wait), whichever is lower."""
+    by_key = {o.system.key: o for o in outcomes if o.runs}
+    rows = [o for k, o in by_key.items() if k.endswith("-sleep")]
+    if not rows:
+        return None
+    mine = by_key.get("redis-async-sleep")
+    mine_drain = mine.median(lambda r: r.drain) if mine else None
+    table = Table(title="10 ms-sleep tasks: drain (medians; N per run as above)")
+    for title in ("system", "drain tasks/s", "async prefork / it", "target", "met?"):
+        table.add_column(title, justify="left" if title == "system" else "right")
+    for o in sorted(rows, key=lambda o: -(o.median(lambda r: r.drain) or 0)):
+        drain = o.median(lambda r: r.drain)
+        ratio = f"{mine_drain / drain:.2f}x" if mine_drain and drain else "-"
+        bound = SLEEP_TARGETS.get(o.system.key)
+        target = f">= {bound:g}x" if bound else ""
+        met = ("" if not bound or not (mine_drain and drain) else
+               "[green]yes[/]" if mine_drain / drain >= bound else "[red]no[/]")
+        table.add_row(o.system.name, cell([r.drain for r in o.runs], ",.0f"), ratio, target,
+                      met)
+    noop = by_key.get("redis")
+    noop_drain = noop.median(lambda r: r.drain) if noop else None
+    if mine_drain:
+        wait_bound = SLEEP_IN_FLIGHT / bench_tasks.SLEEP_SECONDS
+        if noop_drain and noop is not None and mine is not None:
+            ceiling = min(wait_bound, noop_drain)
+            # Run by run too: runs are interleaved, so run i of each saw the same machine.
+            paired = [f"{m.drain / min(wait_bound, n.drain):.0%}"
+                      for m, n in zip(mine.runs, noop.runs, strict=False) if m.drain and n.drain]
+            table.caption = (
+                f"ceiling with {SLEEP_IN_FLIGHT} in flight: min({wait_bound:,.0f}/s the wait "
+                f"allows, {noop_drain:,.0f}/s the CPU allows = this run's no-op drain) = "
+                f"{ceiling:,.0f}/s; the async sleep drain is {mine_drain / ceiling:.0%} of it "
+                f"(run by run against that run's no-op drain: {', '.join(paired)})")
+        else:
+            table.caption = (f"{SLEEP_IN_FLIGHT} in flight allow {wait_bound:,.0f}/s; add "
+                             "--systems redis for the CPU-bound ceiling (the no-op drain)")
+    return table
+
+
 def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | None:
     by_key = {o.system.key: o for o in outcomes if o.runs}
     ours = by_key.get("redis") or by_key.get("redis-io")
@@ -1575,6 +1655,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{REFERENCE['drain']:,.0f} drained/s, {REFERENCE['p50'] * 1e3:.1f} ms p50; "
                 f"in this run: {mine['enqueue'] or 0:,.0f}, {mine['drain'] or 0:,.0f}, "
                 f"{(mine['p50'] or 0) * 1e3:.2f} ms. Targets are judged against this run.[/]")
+    sleep = sleep_table(outcomes)
+    if sleep is not None:
+        console.print(sleep)
     canvas_failed = canvas_failures(outcomes)
     events_cost(outcomes)
     pool_ratios(outcomes)

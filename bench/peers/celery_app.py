@@ -11,6 +11,7 @@ Settings are Celery's defaults (prefetch multiplier 4, acks on receipt, JSON).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import peerlib
@@ -32,6 +33,11 @@ def make_app(url: str = URL) -> tuple[Any, Any]:
 
     @app.task(name=peerlib.IO, ignore_result=True)
     def io(key: str) -> None:
+        peerlib.io_client().incr(key)
+
+    @app.task(name=peerlib.SLEEP, ignore_result=True)
+    def sleep(key: str) -> None:
+        time.sleep(peerlib.SLEEP_SECONDS)
         peerlib.io_client().incr(key)
 
     @app.task(name=COLLECT)

@@ -51,9 +51,9 @@ class Driver:
     def purge(self) -> None:
         self.app.control.purge()
 
-    def enqueue(self, n: int, key: str | None = None) -> None:
-        if key is not None:  # the I/O task; the bench counts its INCRs itself
-            delay = self.app.tasks[peerlib.IO].delay
+    def enqueue(self, n: int, key: str | None = None, task: str = peerlib.IO) -> None:
+        if key is not None:  # the I/O or sleep task; the bench counts its INCRs itself
+            delay = self.app.tasks[task].delay
             self.ids = [delay(key).id for _ in range(n)]
             return
         delay = self.noop.delay

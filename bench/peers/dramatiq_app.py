@@ -10,6 +10,7 @@ empties before each run. Settings are Dramatiq's defaults otherwise.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import dramatiq
@@ -46,4 +47,10 @@ def noop() -> None:
 
 @dramatiq.actor(actor_name=peerlib.IO, store_results=False)
 def io(key: str) -> None:
+    peerlib.io_client().incr(key)
+
+
+@dramatiq.actor(actor_name=peerlib.SLEEP, store_results=False)
+def sleep(key: str) -> None:
+    time.sleep(peerlib.SLEEP_SECONDS)
     peerlib.io_client().incr(key)

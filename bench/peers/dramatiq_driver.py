@@ -33,9 +33,9 @@ class Driver:
     def purge(self) -> None:
         dramatiq_app.broker.flush_all()
 
-    def enqueue(self, n: int, key: str | None = None) -> None:
-        if key is not None:  # the I/O task; the bench counts its INCRs itself
-            send = dramatiq_app.io.send
+    def enqueue(self, n: int, key: str | None = None, task: str = peerlib.IO) -> None:
+        if key is not None:  # the I/O or sleep task; the bench counts its INCRs itself
+            send = (dramatiq_app.sleep if task == peerlib.SLEEP else dramatiq_app.io).send
             self.messages = [send(key) for _ in range(n)]
             return
         send = dramatiq_app.noop.send

@@ -8,6 +8,7 @@ object a line. It sends ``{"cmd": NAME, ...arguments}``; the driver answers with
 - ``reset``: an empty broker and result store for one run (the peer's own Redis
   database only), and a fresh client, connected and warmed up.
 - ``enqueue {"n"}``: ``n`` no-op tasks, one ``delay()`` each; the driver keeps the ids.
+  With ``"key"``, the I/O task instead (``"task": "bench.sleep"``: the sleep task).
 - ``bulk {"n", "batch"}``: ``n`` no-op tasks through the peer's bulk API; answers
   ``{"method": "..."}``, or ``{"skipped": "why"}`` when the peer has none.
 - ``purge``: delete every waiting message (after ``bulk``).
@@ -50,6 +51,10 @@ from typing import Any
 
 READY_LINE = "bench-ready"
 IO = "bench.io"
+SLEEP = "bench.sleep"
+"""The sleep task: ``time.sleep(SLEEP_SECONDS)`` (a network call's wait), then the I/O
+task's INCR; no result."""
+SLEEP_SECONDS = 0.01
 IO_URL = os.environ.get("BENCH_IO_URL", "redis://127.0.0.1:6379/12")
 _io: Any = None
 _io_pid = 0

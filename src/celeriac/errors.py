@@ -126,6 +126,11 @@ class TimeLimitExceeded(TaskError):
 class SoftTimeLimitExceeded(TaskError):
     """Raised inside a task when it reaches its soft time limit; the task may clean up."""
 
+    def __init__(self, *args: object) -> None:
+        # The threads pool raises the class in a thread (PyThreadState_SetAsyncExc takes
+        # no arguments): it still says what happened.
+        super().__init__(*(args or ("soft time limit exceeded",)))
+
 
 class MaxRetriesExceededError(TaskError):
     """``Task.retry()`` was called after ``max_retries`` retries."""

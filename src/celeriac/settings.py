@@ -120,6 +120,16 @@ class Settings:
     worker_restart_window: float = 10.0
     """More than ``worker_max_restarts`` unplanned child deaths in this many seconds stop
     the worker instead of fork-looping."""
+    worker_child_concurrency: int = 100
+    """``async def`` tasks one prefork child runs at once on its event loop (``-c 2
+    --child-concurrency 100``: up to 200 in two processes); the threads pool's loop
+    thread runs as many. Sync tasks always run one at a time per child."""
+    worker_loop_lag_threshold: float = 0.1
+    """An event loop running async tasks that stops turning for longer than this (blocking
+    code in a coroutine) is logged with the task that holds it, once per episode."""
+    worker_async_kill_grace: float = 1.0
+    """Seconds an async task past its hard time limit (cancelled then) has to end before
+    its prefork child is killed; the child's other tasks then run again elsewhere."""
     worker_autoscale: tuple[int, ...] | None = None
     """``(max, min)`` pool size for the autoscaler (prefork only)."""
     worker_autoscale_cooldown: float = 10.0
@@ -226,6 +236,12 @@ class Settings:
             raise ConfigurationError(
                 f"task_max_deliveries must be >= 1, got {self.task_max_deliveries!r}"
             )
+        if self.worker_child_concurrency < 1:
+            raise ConfigurationError(
+                f"worker_child_concurrency must be >= 1, got {self.worker_child_concurrency!r}")
+        if self.worker_loop_lag_threshold <= 0 or self.worker_async_kill_grace < 0:
+            raise ConfigurationError(
+                "worker_loop_lag_threshold must be > 0 and worker_async_kill_grace >= 0")
         if self.worker_lease_timeout <= 0:
             raise ConfigurationError(
                 f"worker_lease_timeout must be > 0, got {self.worker_lease_timeout!r}"

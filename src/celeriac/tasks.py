@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import random
 import reprlib
 import traceback as tb
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from . import states
 from .backends.base import ResultMeta
@@ -19,6 +20,7 @@ from .errors import Ignore, MaxRetriesExceededError, Retry
 from .protocol import new_id
 
 if TYPE_CHECKING:
+    from ._aio import Guard
     from .app import Celeriac
     from .builtins import chunks, xmap, xstarmap
     from .canvas import Signature
@@ -28,6 +30,7 @@ logger = logging.getLogger("celeriac.tasks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 _current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
     "celeriac.current_request", default=None)
@@ -140,6 +143,8 @@ class Task(Generic[P, R]):
         self._request: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
             f"celeriac.request.{self.name}", default=None
         )
+        self.is_async = inspect.iscoroutinefunction(fn)
+        """An ``async def`` task: it runs on an event loop (``arun_with``)."""
         self.has_handlers = any(getattr(type(self), h) is not getattr(Task, h)
                                 for h in HANDLERS)
         """True when a subclass overrides a handler (checked once, not per task)."""
@@ -211,7 +216,12 @@ class Task(Generic[P, R]):
 
     # -- running ------------------------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run the function in this process, as a plain call."""
+        """Run the function in this process, as a plain call. For an ``async def`` task
+        this returns the coroutine, as calling the function does (``self.request`` is
+        this call's inside it)."""
+        if self.is_async:
+            coro: Any = self.arun_with(Request(task=self.name), args, kwargs)
+            return coro  # type: ignore[no-any-return]
         return self.run_with(Request(task=self.name), args, kwargs)
 
     def enter(self, request: Request) -> tuple[Any, Any]:
@@ -239,8 +249,39 @@ class Task(Generic[P, R]):
             _current.reset(current)
             self._request.reset(token)
 
+    async def arun_with(self, request: Request, args: Sequence[Any],
+                        kwargs: Mapping[str, Any], guard: Guard | None = None) -> Any:
+        """``run_with`` for an ``async def`` task. Awaited in its own asyncio task, so the
+        context variables set here (``self.request``, ``current_request()``) belong to
+        this call alone, however many run on the loop. ``guard`` carries its time limits
+        (``_aio.Guard``: raised at the await the task waits in)."""
+        token = self._request.set(request)
+        current = _current.set(request)
+        try:
+            if self.has_handlers and not request.called_directly:
+                self.before_start(request.id, args, kwargs)
+            fn: Callable[..., Coroutine[Any, Any, Any]] = self.fn  # type: ignore[assignment]
+            coro = fn(self, *args, **kwargs) if self.options.bind else fn(*args, **kwargs)
+            return await (coro if guard is None else guard.wrap(coro))
+        except Exception as exc:
+            if request.called_directly or not self.should_autoretry(exc):
+                raise
+            raise self.retry(exc=exc) from exc
+        finally:
+            _current.reset(current)
+            self._request.reset(token)
+
     # -- sending ------------------------------------------------------------------------
-    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]:
+    # An ``async def`` task's result is what its coroutine returns: for type checkers,
+    # ``delay()`` of a ``Task[P, Coroutine[Any, Any, T]]`` is an ``AsyncResult[T]``.
+    @overload
+    def delay(self: Task[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+              ) -> AsyncResult[T]: ...
+
+    @overload
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]: ...
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[Any]:
         """Send the task to a worker with these arguments."""
         return self.apply_async(args, kwargs)
 
@@ -365,7 +406,12 @@ class Task(Generic[P, R]):
                 if hooks:
                     hooks.call("before_task", request)
                 try:
-                    value = self.run_with(request, args, kwargs)
+                    if self.is_async:
+                        from ._aio import run_sync
+
+                        value = run_sync(self.arun_with(request, args, kwargs))
+                    else:
+                        value = self.run_with(request, args, kwargs)
                     meta = ResultMeta(task_id, states.SUCCESS, value)
                 except Retry as r:
                     self._ended(request, states.RETRY, r.exc or r)

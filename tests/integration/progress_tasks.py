@@ -22,3 +22,16 @@ def steps(self: Any, spaced: int, gap: float, burst: int) -> dict[str, Any]:
     for i in range(1, burst + 1):
         self.update_state(state="CRUNCHING", meta={"current": i, "total": burst})
     return {"registered": self.request.id in RUNNING}
+
+
+@app.task(bind=True)
+async def asteps(self: Any, spaced: int, gap: float, burst: int) -> dict[str, Any]:
+    """``steps`` as an ``async def`` task (it waits with ``await``)."""
+    import asyncio
+
+    for i in range(1, spaced + 1):
+        self.update_state(state="PROGRESS", meta={"done": i, "total": spaced})
+        await asyncio.sleep(gap)
+    for i in range(1, burst + 1):
+        self.update_state(state="CRUNCHING", meta={"current": i, "total": burst})
+    return {"registered": self.request.id in RUNNING}

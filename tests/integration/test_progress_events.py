@@ -45,12 +45,13 @@ def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., 
         yield pool.start
 
 
-@pytest.mark.parametrize("pool", ["prefork", "solo"])
+@pytest.mark.parametrize(("pool", "task"), [
+    ("prefork", "steps"), ("solo", "steps"), ("threads", "steps"), ("prefork", "asteps")])
 def test_progress_events_in_order_before_the_final_one(
         app: Celeriac, collect: Collector, start_worker: Callable[..., WorkerProcess],
-        pool: str) -> None:
+        pool: str, task: str) -> None:
     w = start_worker("-E", "-P", pool, "-c", "2")
-    r = pt.steps.delay(3, 0.15, 300)
+    r = getattr(pt, task).delay(3, 0.15, 300)
     assert r.get(timeout=20) == {"registered": True}
     events = collect.lifecycle(r.id)
     with collect._lock:

@@ -28,6 +28,14 @@ add.delay("a", 2)  # E1
 add.delay(1)  # E2
 bound.delay("x")  # E3
 wrong: str = add.delay(1, 2).get()  # E4
+
+@app.task
+async def fetch(url: str) -> bytes:
+    return url.encode()
+
+body: bytes = fetch.delay("u").get()  # an async task's result: what its coroutine returns
+fetch.delay(1)  # E5
+not_str: str = fetch.delay("u").get()  # E6
 '''
 
 

@@ -89,6 +89,9 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--max-tasks-per-child", type=click.IntRange(min=1), default=None)
 @click.option("--max-memory-per-child", type=click.IntRange(min=1), default=None,
               metavar="KIB", help="Recycle a child after a task once its RSS exceeds this.")
+@click.option("--child-concurrency", type=click.IntRange(min=1), default=None, metavar="N",
+              help="async def tasks a prefork child (or the threads pool's loop) runs at "
+                   "once (default: worker_child_concurrency, 100).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Hard time limit in seconds for every task.")
 @click.option("--soft-time-limit", type=click.FloatRange(min=0, min_open=True), default=None)
@@ -107,6 +110,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
            hostname: str, logfile: str | None, pidfile: str | None, pool: str | None,
            autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
+           child_concurrency: int | None,
            time_limit: float | None, soft_time_limit: float | None,
            task_events: bool | None, beat: bool, without_heartbeat: bool,
            statedb: str | None, without_mingle: bool,
@@ -134,6 +138,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
         overrides: dict[str, Any] = {
             "worker_max_tasks_per_child": max_tasks_per_child,
             "worker_max_memory_per_child": max_memory_per_child,
+            "worker_child_concurrency": child_concurrency,
             "task_time_limit": time_limit, "task_soft_time_limit": soft_time_limit,
         }
         app.settings = app.settings.replace(

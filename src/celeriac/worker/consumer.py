@@ -106,8 +106,9 @@ class Consumer:
 
     @property
     def prefetch_limit(self) -> int:
-        # Follows the pool's size as it grows and shrinks (autoscale).
-        return self.pool.concurrency * self.app.settings.worker_prefetch_multiplier
+        # Follows the pool's size as it grows and shrinks (autoscale), and its room for
+        # async tasks while they run (up to worker_child_concurrency per child).
+        return self.pool.capacity() * self.app.settings.worker_prefetch_multiplier
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:

@@ -80,6 +80,12 @@ class Pool(abc.ABC):
     def free_slots(self) -> int:
         """Jobs that would start at once."""
 
+    def capacity(self) -> int:
+        """Tasks it can run at once now, what the consumer's prefetch follows: the
+        concurrency, more while ``async def`` tasks run (a prefork child or the threads
+        pool's loop runs up to ``worker_child_concurrency`` of them)."""
+        return self.concurrency
+
     def queue_slots(self) -> int:
         """Jobs that would wait behind a running one (a lookahead); 0 if none."""
         return 0

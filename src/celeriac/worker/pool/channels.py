@@ -22,6 +22,7 @@ from __future__ import annotations
 import select
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from . import pipes
 
@@ -48,7 +49,11 @@ class Inbox:
         self.outbox = outbox
         self.lock = threading.Lock()
         self.pending: deque[tuple[int, bytes]] = deque()
-        """Frames the control thread took from the job pipe and did not recall."""
+        """Frames the control thread took from the job pipe and did not recall (and, in
+        async mode, a frame that waits for room: ``child_aio.py``)."""
+        self.on_pending: Callable[[], None] | None = None
+        """Set while the child's loop reads the pipe (async mode): called after a recall
+        took frames from the pipe, which the loop would otherwise not hear of."""
 
     def start(self) -> None:
         threading.Thread(target=self._control, name="celeriac-child-control",
@@ -72,6 +77,9 @@ class Inbox:
             kind, payload = frame
             if kind == pipes.RECALL:
                 self._recall(int(payload))
+                wake = self.on_pending
+                if wake is not None and self.pending:
+                    wake()
 
     def _recall(self, seq: int) -> None:
         with self.lock:

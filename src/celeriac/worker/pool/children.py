@@ -33,8 +33,15 @@ class ChildProc:
     """The job it runs now."""
     started: float = 0.0
     """When ``job`` started (loop time)."""
+    tasks: dict[int, Job] = field(default_factory=dict)
+    """The async jobs it runs on its loop, by seq (async mode: ``job`` is None then)."""
+    limits: dict[int, Entry] = field(default_factory=dict)
+    """The parent's kill timers of those async jobs (hard limit + grace), by seq."""
     queued: Job | None = None
-    """The job waiting in its pipe behind ``job`` (the lookahead), if any."""
+    """The job waiting in its pipe behind ``job`` or ``tasks`` (the lookahead), if any."""
+    queued_async: bool = False
+    """``queued`` is an async job: it starts when ``tasks`` has room (a sync one, when
+    ``tasks`` is empty)."""
     queued_hard: float | None = None
     """``queued``'s hard time limit, chosen when it was submitted; armed when it starts."""
     recalling: bool = False

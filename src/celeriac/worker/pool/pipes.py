@@ -68,18 +68,24 @@ class Done(NamedTuple):
     shown: Shown | None
 
 
-def encode_job(job: Job, soft_limit: float | None) -> bytes:
+def encode_job(job: Job, soft_limit: float | None, hard_limit: float | None = None) -> bytes:
+    """``hard_limit`` only for an async job: its child cancels it then (the parent kills
+    a child over a sync job's hard limit itself)."""
     # A JSON array, not an object: orjson decodes an array of seven values in less than
     # half the time of the same object, and every task crosses twice.
-    return frame_with_blob(JOB, (job.seq, job.headers, job.content_type, job.queue,
-                                 job.delivery_count, job.hostname, soft_limit), job.body)
+    meta: tuple[Any, ...] = (job.seq, job.headers, job.content_type, job.queue,
+                             job.delivery_count, job.hostname, soft_limit)
+    if hard_limit:
+        meta += (hard_limit,)
+    return frame_with_blob(JOB, meta, job.body)
 
 
-def decode_job(payload: bytes) -> tuple[Job, float | None]:
-    """The job, and the soft time limit the parent chose for it."""
+def decode_job(payload: bytes) -> tuple[Job, float | None, float | None]:
+    """The job, and the soft and hard time limits the child enforces for it."""
     meta, body = split_blob(payload)
-    seq, headers, content_type, queue, delivery_count, hostname, soft_limit = meta
-    return Job(seq, headers, body, content_type, queue, delivery_count, hostname), soft_limit
+    seq, headers, content_type, queue, delivery_count, hostname, soft_limit = meta[:7]
+    return (Job(seq, headers, body, content_type, queue, delivery_count, hostname),
+            soft_limit, meta[7] if len(meta) > 7 else None)
 
 
 def job_seq(payload: bytes) -> int:
@@ -253,6 +259,35 @@ def read_frame(fd: int) -> tuple[int, bytes] | None:
         return kind, b""
     payload = _read_exact(fd, length)
     return None if payload is None else (kind, payload)
+
+
+def read_frames(fd: int, limit: int = 1 << 16) -> list[tuple[int, bytes]] | None:
+    """Every frame that is in the pipe now, whole (child side, async mode): one read of up
+    to ``limit`` bytes, then blocking reads for the rest of a frame it cut (the parent
+    wrote it, in parts: the rest is coming). Never leaves part of a frame in the pipe,
+    which the control thread reads too. None at EOF."""
+    data = os.read(fd, limit)
+    if not data:
+        return None
+    frames: list[tuple[int, bytes]] = []
+    pos, size = 0, len(data)
+    while pos < size:
+        if size - pos < HEADER.size:
+            rest = _read_exact(fd, HEADER.size - (size - pos))
+            if rest is None:
+                return None
+            data, pos, size = data[pos:] + rest, 0, HEADER.size
+        length, kind = HEADER.unpack_from(data, pos)
+        start, end = pos + HEADER.size, pos + HEADER.size + length
+        if end > size:
+            rest = _read_exact(fd, end - size)
+            if rest is None:
+                return None
+            frames.append((kind, data[start:] + rest))
+            break
+        frames.append((kind, data[start:end]))
+        pos = end
+    return frames
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:

@@ -14,6 +14,10 @@ is idle while another holds a job it has not started, the parent asks for that j
 (RECALL on the control pipe; the child's control thread answers RECALLED, see
 ``channels.py``) and runs it on the idle child. A long task therefore never holds a short
 one back while another child is free, for longer than the recall takes.
+
+Async jobs (``async def`` tasks) go to a child's event loop, up to
+``worker_child_concurrency`` per child (``room``; ``prefork_async.py``): a child runs
+either one sync job or several async ones, and holds at most one job queued behind them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from . import child as child_main
 from . import pipes
 from .base import Pool
 from .children import ChildProc, fork_child
+from .prefork_async import AsyncDispatch
 from .supervisor import Supervisor, describe_status
 
 if TYPE_CHECKING:
@@ -47,7 +52,7 @@ IGNORED_BY_CHILDREN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 """Signals a pool child ignores (``child.py``)."""
 
 
-class PreforkPool(Pool):
+class PreforkPool(AsyncDispatch, Pool):
     def __init__(self, app: Celeriac, concurrency: int, *, timer: Timer | None = None,
                  on_fatal: Callable[[str], None] | None = None) -> None:
         super().__init__(app, concurrency, timer=timer, on_fatal=on_fatal)
@@ -59,7 +64,11 @@ class PreforkPool(Pool):
         self.idle: dict[ChildProc, None] = {}
         """Children that can start a job now: UP, nothing held, not retiring, pipes open."""
         self.ahead: dict[ChildProc, None] = {}
-        """Busy children with room for one job behind the one they run."""
+        """Busy children with room for one job behind the one(s) they run."""
+        self.room: dict[ChildProc, None] = {}
+        """Children running async jobs with room for more, nothing queued (async mode)."""
+        self.child_concurrency = s.worker_child_concurrency
+        self.kill_grace = s.worker_async_kill_grace
         self._held = 0
         """Jobs in children, running or queued."""
         self.closing = False
@@ -135,16 +144,22 @@ class PreforkPool(Pool):
 
     # -- dispatch -----------------------------------------------------------------------
     def free_slots(self) -> int:
-        return len(self.idle)
+        # The room on children's loops counts only while async jobs run: a sync job
+        # submitted then is queued behind them (``submit``).
+        return len(self.idle) + (self.async_room() if self.room else 0)
 
     def queue_slots(self) -> int:
         return len(self.ahead)
 
     def running(self) -> list[Job]:
-        return [j for c in self.children.values() for j in (c.job, c.queued) if j is not None]
+        return [j for c in self.children.values()
+                for j in (c.job, c.queued, *c.tasks.values()) if j is not None]
 
     def submit(self, job: Job) -> None:
         hard, soft = self._limits(job)  # before a child is taken: it may raise
+        if self._is_async(job):
+            self.submit_async(job, hard, soft)
+            return
         frame = pipes.encode_job(job, soft)
         self._held += 1
         if self.idle:
@@ -155,9 +170,11 @@ class PreforkPool(Pool):
             del self.idle[proc]
             self._start(proc, job, hard)
         else:
+            # Behind a sync job, or behind a child's async jobs (it takes no more of
+            # them then, and runs this one once they have all ended).
             proc = next(iter(self.ahead))
             del self.ahead[proc]
-            proc.queued, proc.queued_hard = job, hard
+            proc.queued, proc.queued_hard, proc.queued_async = job, hard, False
         self._place(proc)
         proc.writer.write(frame)
 
@@ -178,10 +195,12 @@ class PreforkPool(Pool):
         return hard, soft
 
     def _place(self, proc: ChildProc) -> None:
-        """Put ``proc`` in ``idle`` or ``ahead`` if it belongs there."""
+        """Put ``proc`` in ``idle`` or ``ahead`` (or ``room``) if it belongs there."""
         if not proc.up or proc.retiring or proc.detached or proc.writer.closed:
             return
-        if proc.job is None and proc.queued is None:
+        if proc.tasks:
+            self.place_async(proc)
+        elif proc.job is None and proc.queued is None:
             self.idle[proc] = None
         elif proc.queued is None and not self.no_lookahead:
             self.ahead[proc] = None
@@ -276,7 +295,7 @@ class PreforkPool(Pool):
         events on). A frame read after its job was settled otherwise (a hard time limit
         killed the child as it wrote) is dropped: its task's final event is out."""
         task_id, state, meta = pipes.decode_progress(payload)
-        for job in (proc.job, proc.queued):  # queued: in limbo, started as recalled
+        for job in (proc.job, proc.queued, *proc.tasks.values()):  # queued: in limbo
             if job is not None and job.headers["id"] == task_id:
                 self.on_progress(task_id, state, meta)
                 return
@@ -300,6 +319,8 @@ class PreforkPool(Pool):
         job, queued = proc.job, proc.queued
         if job is not None and job.seq == done.seq:
             self._finish(proc)
+        elif done.seq in proc.tasks:
+            job = self.finish_async(proc, done.seq)
         elif job is None and queued is not None and queued.seq == done.seq:
             # In limbo (recalled as it started): it ran, and finished before the child's
             # answer to the RECALL came. Its start is reported late, once; its hard time
@@ -312,13 +333,19 @@ class PreforkPool(Pool):
             return  # already settled (hard time limit fired as it finished)
         back = None
         if done.retire:
-            proc.retiring = True  # the child exits by itself, leaving its pipe unread
-            logger.info("child %d recycled (max tasks or memory per child)", proc.pid)
+            if not proc.retiring:
+                logger.info("child %d recycled (max tasks or memory per child)%s", proc.pid,
+                            f" after its {len(proc.tasks)} async task(s) in flight"
+                            if proc.tasks else "")
+            # The child exits by itself (once its async jobs have ended), leaving its
+            # pipe unread.
+            self.unplace(proc)
+            proc.retiring = True
             back, proc.queued, proc.recalling = queued, None, False
-        elif queued is not None and not proc.recalling:
+        elif queued is not None and not proc.recalling and self.starts_queued(proc):
             # It started the job behind this one as it wrote this report.
             proc.queued = None
-            self._start(proc, queued, proc.queued_hard)
+            self.start_any(proc, queued, proc.queued_hard, proc.queued_async)
         self._place(proc)
         stored = None
         if done.stored is not None:
@@ -345,7 +372,7 @@ class PreforkPool(Pool):
         if job is None or job.seq != seq or proc.job is not None:
             return  # stale: settled otherwise
         proc.queued, proc.recalling = None, False
-        self._start(proc, job, proc.queued_hard)
+        self.start_any(proc, job, proc.queued_hard, proc.queued_async)
         self._place(proc)
 
     def _finish(self, proc: ChildProc) -> None:
@@ -383,6 +410,7 @@ class PreforkPool(Pool):
         how = describe_status(status)
         job, queued = proc.job, proc.queued
         proc.queued = None
+        self.async_exit(proc, how)
         if job is None and queued is not None and proc.recalling:
             job, queued = queued, None  # in limbo: it may have started, so it counts
             proc.job = job
@@ -488,7 +516,7 @@ class PreforkPool(Pool):
             return
         # Idle children first; busy ones finish what they hold before they go.
         candidates = sorted((c for c in self.children.values() if not c.retiring),
-                            key=lambda c: c.job is not None)
+                            key=lambda c: c.job is not None or bool(c.tasks))
         for proc in candidates[:n]:
             self._retire(proc)
         self.concurrency -= n
@@ -496,23 +524,20 @@ class PreforkPool(Pool):
 
     def _retire(self, proc: ChildProc) -> None:
         proc.retiring = True
-        self.idle.pop(proc, None)
-        self.ahead.pop(proc, None)
+        self.unplace(proc)
         # In order behind whatever it holds: it finishes those, then stops.
         proc.writer.write(pipes.frame(pipes.STOP))
 
     def _kill(self, proc: ChildProc, why: str) -> None:
         proc.killed_for = why
         proc.retiring = True  # a dying child gets no new job
-        self.idle.pop(proc, None)
-        self.ahead.pop(proc, None)
+        self.unplace(proc)
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
 
     def _detach(self, proc: ChildProc) -> None:
         # Its pipes are closed: a job sent to it would be lost.
-        self.idle.pop(proc, None)
-        self.ahead.pop(proc, None)
+        self.unplace(proc)
         if proc.detached:
             return
         # Once only, and keyed by the child rather than by descriptor number: a second

@@ -4,6 +4,8 @@ The task runs off the event loop so that heartbeats (the worker's lease on its m
 acks and signals are handled while it runs: a long task on a live solo worker keeps its
 lease and is never redelivered. The thread is a daemon so that a cold shutdown does not
 wait for the task. No time limits are enforced here; use the prefork pool for those.
+An ``async def`` task runs to completion on an event loop the thread keeps (one task at a
+time, as every task here).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from ..._aio import new_loop
 from ..._progress import ProgressReporter
 from ..execute import Job, Outcome, execute
 from .base import Pool
@@ -65,12 +68,19 @@ class SoloPool(Pool):
             self.on_progress(task_id, state, meta)
 
     def _work(self) -> None:
+        loop = new_loop()
+        try:
+            self._serve(loop)
+        finally:
+            loop.close()
+
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         reporter = self._reporter
         while (job := self._jobs.get()) is not _STOP:
             if reporter is not None:
                 reporter.begin(job.headers["id"])
             try:
-                outcome = execute(self.app, job, self.task_events)
+                outcome = execute(self.app, job, self.task_events, loop)
             except BaseException as exc:
                 logger.exception("Task %s[%s] crashed the executor", job.headers.get("task"),
                                  job.headers.get("id"))
