@@ -166,8 +166,11 @@ class LagWatch:
         self._generation += 1
         self._tick(self._generation)
         if self._thread is None:
+            # A fresh event per thread: ``close`` sets the old one for good, and a thread
+            # waiting on a set event would spin.
+            self._wake = threading.Event()
             self._thread = threading.Thread(target=self._watch, name="celeriac-lag-watch",
-                                            daemon=True)
+                                            args=(self._wake,), daemon=True)
             self._thread.start()
 
     def pause(self) -> None:
@@ -190,10 +193,10 @@ class LagWatch:
         self.beat = now
         self.loop.call_later(self.threshold / 4, self._tick, generation)
 
-    def _watch(self) -> None:
+    def _watch(self, wake: threading.Event) -> None:
         me = threading.current_thread()
         while self._thread is me:
-            self._wake.wait(self.threshold / 4)
+            wake.wait(self.threshold / 4)
             if not self.active or self.episode is not None:
                 continue
             lag = time.monotonic() - self.beat

@@ -173,3 +173,30 @@ def test_read_frames_takes_whole_frames_only() -> None:
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+def test_a_lag_watch_restarted_after_close_does_not_spin() -> None:
+    """``close`` sets its thread's wake-up event for good; a watch started again must
+    not wait on that one (a spinning thread stole the GIL from everything else)."""
+    import time
+
+    from celeriac._aio import LagWatch
+
+    loop = asyncio.new_event_loop()
+    watch = LagWatch(loop, 0.1, lambda task: None)
+
+    async def cycle() -> None:
+        watch.start()
+        await asyncio.sleep(0.05)
+        watch.close()
+        watch.start()
+        await asyncio.sleep(0.05)
+
+    try:
+        loop.run_until_complete(cycle())
+        used = time.process_time()
+        time.sleep(0.5)  # sleep-ok: measuring what an idle watch costs
+        assert time.process_time() - used < 0.1
+    finally:
+        watch.close()
+        loop.close()
