@@ -34,7 +34,7 @@ bench: $(STAMP)
 docs: $(STAMP)
 	@$(PY) -c 'import mkdocs, material, mkdocstrings_handlers.python' 2>/dev/null || \
 		$(PY) -m pip install -q -e '.[docs]'
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache celeriac.db* site

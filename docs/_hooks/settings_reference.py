@@ -84,20 +84,59 @@ def celery_sources() -> dict[str, list[str]]:
     return out
 
 
+PROBES: list[Any] = [True, False]
+"""Values each converter is asked about, to learn what it sets and how; a converter that
+refuses both takes a dict (Celery's retry policy) and is asked about ``DICT_PROBE``."""
+DICT_PROBE = {"max_retries": 7}
+
+
+def conversions(convert: Any) -> list[tuple[str, str]]:
+    """``(celeriac setting, how)`` pairs for one converter of ``config.CONVERTED``, found
+    by calling it with the probes; ``how`` has ``{target}`` where the setting goes."""
+    out: list[tuple[str, str]] = []
+    answers: list[tuple[Any, dict[str, Any]]] = []
+    for probe in PROBES:
+        try:
+            answers.append((probe, convert(probe)))
+        except Exception:  # a probe of the wrong type: the converter refuses it
+            continue
+    if not answers:
+        answers.append((DICT_PROBE, convert(DICT_PROBE)))
+    for probe, changes in answers:
+        for name, value in changes.items():
+            if value is probe:
+                how = "sets {target} to the same value"
+            elif probe is DICT_PROBE and value == DICT_PROBE["max_retries"]:
+                how = "its `max_retries` sets {target}"
+            else:
+                how = f"`{probe!r}` sets {{target}} to `{value!r}`"
+            if (name, how) not in out:
+                out.append((name, how))
+    return out
+
+
 def converted_targets(converted: dict[str, Any]) -> dict[str, list[str]]:
     """Which celeriac settings each converted Celery setting can set."""
-    probes: list[Any] = [True, False, 1, 0, {"max_retries": 1}]
     targets: dict[str, list[str]] = {}
     for celery_name, convert in converted.items():
         names: list[str] = []
-        for value in probes:
-            try:
-                changes = convert(value)
-            except Exception:  # a probe of the wrong type: the converter refuses it
-                continue
-            names.extend(n for n in changes if n not in names)
+        for name, _ in conversions(convert):
+            if name not in names:
+                names.append(name)
         targets[celery_name] = names
     return targets
+
+
+def env_settable(name: str) -> bool:
+    """Whether ``Settings.from_env()`` can spell this setting (plain values only)."""
+    from celeriac import settings
+    from celeriac.errors import ConfigurationError
+
+    try:
+        settings._parse(name, settings._HINTS[name], "1")
+    except ConfigurationError as exc:
+        return "cannot be set from the environment" not in str(exc)
+    return True
 
 
 # -- rendering ----------------------------------------------------------------------------
@@ -141,11 +180,13 @@ def settings_markdown() -> str:
                         "src/celeriac/settings.py)", name)
             doc = ""
         celery = sources.get(name)
+        env = (f"`{ENV_PREFIX}{name.upper()}`" if env_settable(name)
+               else "(not from the environment)")
         lines = [
             f"### `{name}` {{ #{name} }}",
             "",
             f"Type: {_code(str(field.type))} · Default: {_default(field)} · "
-            f"Environment: `{ENV_PREFIX}{name.upper()}`",
+            f"Environment: {env}",
             "",
         ]
         if celery:
@@ -163,7 +204,6 @@ def celery_markdown() -> str:
     from celeriac.settings import Settings
 
     fields = {f.name for f in dataclasses.fields(Settings)}
-    targets = converted_targets(config.CONVERTED)
     counts: dict[str, int] = defaultdict(int)
     rows: list[str] = []
     for name in sorted(DEFAULTS):
@@ -173,13 +213,8 @@ def celery_markdown() -> str:
             fate, what = "implemented", f"the setting [`{name}`](#{name})"
         elif name in config.CONVERTED:
             fate = "converted"
-            links = ", ".join(f"[`{t}`](#{t})" for t in targets[name])
-            doc = inspect.getdoc(config.CONVERTED[name])
-            what = f"sets {links}" if links else "converted"
-            if name in ("task_reject_on_worker_lost", "task_retry_on_worker_lost"):
-                what = f"`False` sets {links} to 1"
-            elif doc and config.CONVERTED[name].__name__ != "<lambda>":
-                what = f"{what}: {doc}"
+            what = "; ".join(how.format(target=f"[`{target}`](#{target})")
+                             for target, how in conversions(config.CONVERTED[name]))
         elif name in config.HARMLESS:
             fate, what = "accepted with a warning", config.HARMLESS[name]
         elif name in config.REFUSED:
