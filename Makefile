@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "celeriac needs Python >= 3.11"'
@@ -30,5 +30,11 @@ bench: $(STAMP)
 	@scripts/services.sh
 	$(PY) bench/run.py
 
+# The docs site (mkdocs.yml, docs/) into site/, warnings as errors; no network but PyPI.
+docs: $(STAMP)
+	@$(PY) -c 'import mkdocs, material, mkdocstrings_handlers.python' 2>/dev/null || \
+		$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache celeriac.db*
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache celeriac.db* site

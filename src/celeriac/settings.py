@@ -47,22 +47,34 @@ class Settings:
     task_default_priority: int = 0
     """0-9; higher runs first (AMQP semantics)."""
     task_serializer: str = "json"
+    """How task messages are encoded: ``json`` (orjson), ``msgpack`` or ``pickle``."""
     result_serializer: str = "json"
+    """How results are encoded: ``json``, ``msgpack`` or ``pickle``."""
     accept_content: tuple[str, ...] = ("json",)
     """Serializers a worker and a result reader accept. Add ``"pickle"`` only if you trust
     every producer."""
     task_acks_late: bool = True
     """At-least-once: acknowledge after the task finishes. ``False`` acks before running."""
     task_track_started: bool = False
+    """Store ``STARTED`` when a task begins (tasks may set ``track_started``)."""
     task_ignore_result: bool = False
+    """Store no results (tasks may set ``ignore_result``)."""
     task_always_eager: bool = False
     """Run tasks in the calling process (tests); nothing is sent."""
     task_eager_propagates: bool = False
     """In eager mode, ``apply()``/``delay()`` raise a failed task's exception at once."""
     task_time_limit: float | None = None
+    """Hard time limit (seconds) of tasks that set none: the prefork pool kills the child
+    and fails the task with ``TimeLimitExceeded``. The solo pool enforces no limits, the
+    threads pool only soft ones."""
     task_soft_time_limit: float | None = None
+    """Soft time limit (seconds) of tasks that set none: ``SoftTimeLimitExceeded`` is
+    raised inside the task (prefork and threads pools)."""
     task_max_retries: int = 3
+    """Default ``max_retries`` of tasks that set none."""
     task_default_retry_delay: float = 180.0
+    """Default ``countdown`` (seconds) of ``self.retry()`` for tasks that set no
+    ``default_retry_delay``."""
     task_max_deliveries: int = 3
     """A message lost this many times (its worker died) goes to the dead-letter queue."""
     task_default_rate_limit: str | float | None = None
@@ -101,11 +113,17 @@ class Settings:
     timezone: str | None = None
     """The time zone of crontab schedules (for celeriac beat); None: UTC."""
     enable_utc: bool = True
+    """Celery's setting, accepted; schedules use ``timezone`` or UTC either way (Celery
+    would fall back to the host's zone when it is off)."""
 
     worker_concurrency: int | None = None
     """Pool size; ``None`` means the number of CPUs (1 for the solo pool)."""
     worker_prefetch_multiplier: int = 4
+    """A worker holds up to ``concurrency x`` this many messages (while ``async def`` tasks
+    run, ``concurrency x worker_child_concurrency x`` this many)."""
     worker_pool: str = "prefork"
+    """Execution pool: ``prefork`` (child processes fed over pipes), ``threads`` or
+    ``solo`` (``-P``)."""
     worker_disable_rate_limits: bool = False
     """Ignore every task's rate limit."""
     worker_lease_timeout: float = 10.0
@@ -117,6 +135,8 @@ class Settings:
     worker_proc_alive_timeout: float = 4.0
     """A pool child that does not report up within this many seconds is replaced."""
     worker_max_restarts: int = 10
+    """Unplanned child deaths allowed per ``worker_restart_window``; one more stops the
+    worker (exit 1)."""
     worker_restart_window: float = 10.0
     """More than ``worker_max_restarts`` unplanned child deaths in this many seconds stop
     the worker instead of fork-looping."""
@@ -175,6 +195,8 @@ class Settings:
     """Longest wait at startup for peers' revoked ids (``Mingle``)."""
 
     max_message_size: int = 64 * 1024 * 1024
+    """Bytes. A larger message is refused at publish (``MessageTooLarge``, nothing is
+    published), and dead-lettered by a worker that receives one."""
 
     broker_connection_retry: bool = True
     """Retry a failed connection (producers and workers) with exponential backoff and
