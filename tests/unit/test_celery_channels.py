@@ -130,3 +130,37 @@ def test_broadcast_envelope_is_kombus() -> None:
     assert kw.broadcast_body(raw) == b'{"a": 1}'
     assert kw.broadcast_body(b"not json") is None
     assert kw.broadcast_body(b'{"properties": {}, "body": "plain"}') == b"plain"
+
+
+def test_mingle_takes_a_celery_workers_revoked_ids() -> None:
+    from types import SimpleNamespace
+
+    from celeriac import Celeriac
+    from celeriac.worker.mingle import Mingle
+    from celeriac.worker.revoked import Revoked
+
+    app = Celeriac("mingle-test", broker="memory://")
+    worker = SimpleNamespace(hostname="me@h", revoked=Revoked(), events=None, app=app)
+    # Celery 5.7 answers hello with the ids only; celeriac with {id: expires at}.
+    Mingle(worker).merge([{"celery@h": {"revoked": ["a", "b"], "clock": 3}},  # type: ignore[arg-type]
+                          {"celeriac@h": {"revoked": {"c": 9e12}, "clock": 4}}], 0.01)
+    assert {"a", "b", "c"} <= set(worker.revoked.ids)
+
+
+def test_kombu_options_and_exchange_names_other_than_celerys_are_refused() -> None:
+    import pytest
+
+    from celeriac import Celeriac
+    from celeriac.errors import ConfigurationError
+    from celeriac.transports.kombu_pubsub import check_options, database
+
+    check_options({"fanout_prefix": True, "visibility_timeout": 10})
+    for bad in ({"fanout_prefix": False}, {"fanout_patterns": False},
+                {"global_keyprefix": "app:"}):
+        with pytest.raises(ConfigurationError, match=next(iter(bad))):
+            check_options(bad)
+    assert database("redis://h:6379/7?layout=kombu") == 7
+    assert database("redis://h:6379?db=3") == 3 and database("redis://h") == 0
+    Celeriac("ok", control_exchange="celery", event_exchange="celeryev")
+    with pytest.raises(ConfigurationError, match="control_exchange"):
+        Celeriac("bad", control_exchange="other")

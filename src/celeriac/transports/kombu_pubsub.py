@@ -36,7 +36,7 @@ from urllib.parse import parse_qsl, urlsplit
 import redis
 
 from ..control import pidbox
-from ..errors import OperationalError
+from ..errors import ConfigurationError, OperationalError
 from . import kombu_wire as kw
 from .base import Subscription
 from .celery_channels import KombuExchanges
@@ -78,6 +78,21 @@ local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZADD', KEYS[2], 'GT', ms + tonumber(ARGV[3]), ARGV[2])
 """
+
+
+KOMBU_DEFAULTS = {"fanout_prefix": True, "fanout_patterns": True, "global_keyprefix": ""}
+"""kombu's Redis transport options that move where Celery's clients publish and listen;
+only their defaults (kombu 4 and later) are spoken here."""
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Refuse kombu transport options that would put Celery's fleet on other channels
+    or keys than ours (silently deaf to each other otherwise)."""
+    for name, default in KOMBU_DEFAULTS.items():
+        if name in options and options[name] != default:
+            raise ConfigurationError(
+                f"broker_transport_options[{name!r}]={options[name]!r}: the kombu layout "
+                f"speaks kombu's default ({default!r}) only")
 
 
 def database(url: str) -> int:

@@ -49,7 +49,7 @@ from ..redisclient import Connector
 from . import kombu_wire as kw
 from .base import DeadLetter, Outgoing, Subscription
 from .celery_channels import CeleryChannels
-from .kombu_pubsub import RedisExchanges, database
+from .kombu_pubsub import RedisExchanges, check_options, database
 from .redis import RedisTransport
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class KombuRedisTransport(RedisTransport):
             plain.append(stripped)
             options.update(ours)
         topts = settings.broker_transport_options or {}
+        check_options(topts)
         raw = options.get("visibility_timeout", topts.get("visibility_timeout",
                                                           kw.VISIBILITY_TIMEOUT))
         try:

@@ -67,6 +67,9 @@ class Mingle(Step):
                     continue
                 nodes.append(node)
                 ids = answer.get("revoked")
+                if isinstance(ids, list):  # a Celery 5.7 worker's hello: the ids only
+                    until = time.time() + w.app.settings.worker_revoke_expires
+                    ids = {i: until for i in ids if isinstance(i, str)}
                 if isinstance(ids, dict):
                     new += revoked.update(ids)
                 clock = answer.get("clock")
