@@ -2,7 +2,8 @@
 
 ``redis://...?layout=kombu`` (broker): kombu's Redis layout, shared with Celery's workers
 and producers (``transports/kombu_redis.py``). ``amqp://...?layout=kombu``: RabbitMQ
-queues declared exactly as Celery declares them (``transports/amqp``).
+queues declared exactly as Celery declares them, events and remote control on Celery's
+exchanges (``transports/amqp/kombu.py``).
 ``redis://...?layout=celery`` (result backend): Celery's ``celery-task-meta-<id>`` keys
 (``backends/celery_redis.py``). ``db+postgresql://`` needs no parameter: it is Celery's
 own URL for its SQLAlchemy backend (``backends/celery_db.py``). Without ``layout`` a URL
@@ -20,8 +21,8 @@ from .errors import ConfigurationError
 TRANSPORT_LAYOUTS: dict[tuple[str, str], tuple[str, str]] = {
     ("redis", "kombu"): ("celeriac.transports.kombu_redis", "KombuRedisTransport"),
     ("rediss", "kombu"): ("celeriac.transports.kombu_redis", "KombuRedisTransport"),
-    ("amqp", "kombu"): ("celeriac.transports.amqp", "AMQPTransport"),
-    ("amqps", "kombu"): ("celeriac.transports.amqp", "AMQPTransport"),
+    ("amqp", "kombu"): ("celeriac.transports.amqp.kombu", "KombuAMQPTransport"),
+    ("amqps", "kombu"): ("celeriac.transports.amqp.kombu", "KombuAMQPTransport"),
 }
 BACKEND_LAYOUTS: dict[tuple[str, str], tuple[str, str]] = {
     ("redis", "celery"): ("celeriac.backends.celery_redis", "CeleryRedisBackend"),

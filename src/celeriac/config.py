@@ -54,8 +54,8 @@ HARMLESS: dict[str, str] = {
         "result_exchange", "result_exchange_type"],
         "the result backend's connections and retries are celeriac's own"),
     **dict.fromkeys([
-        "control_exchange", "control_queue_durable", "control_queue_exclusive",
-        "control_queue_expires", "control_queue_ttl", "event_exchange",
+        "control_queue_durable", "control_queue_exclusive",
+        "control_queue_expires", "control_queue_ttl",
         "event_queue_durable", "event_queue_exclusive", "event_queue_expires",
         "event_queue_prefix", "event_queue_ttl"],
         "events and control use celeriac's own broadcast channels"),
@@ -139,6 +139,12 @@ REFUSED: dict[str, str] = {
     "security_key": "message signing is not supported",
     "security_key_password": "message signing is not supported",
     "event_serializer": "events are JSON",
+    # Under ?layout=kombu celeriac speaks on Celery's default exchanges: another name would
+    # leave the two fleets deaf to each other.
+    "control_exchange": "remote control uses Celery's default mailbox (celery.pidbox) "
+                        "under ?layout=kombu, celeriac's own channels otherwise",
+    "event_exchange": "events use Celery's default exchange (celeryev) under "
+                      "?layout=kombu, celeriac's own channels otherwise",
     "result_failure_expires": "failed results expire with result_expires",
 }
 """Refused unless the value is Celery's default (then nothing is asked for)."""

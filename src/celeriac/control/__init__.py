@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .mailbox import CONTROL_CHANNEL, encode_command, new_ticket, reply_channel
 from .mailbox import decode_reply as _decode_reply
+from .pidbox import reply_exchange_for
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -126,7 +127,8 @@ class Control:
         ticket = new_ticket()
         payload = encode_command(command, arguments, destination=destination, ticket=ticket,
                                  reply=reply, pattern=pattern, matcher=matcher,
-                                 signing_key=settings.control_signing_key)
+                                 signing_key=settings.control_signing_key,
+                                 reply_exchange=reply_exchange_for(settings.broker_url))
         return self._run(self._call(command, payload, ticket, reply, timeout, limit,
                                     callback))
 

@@ -81,8 +81,9 @@ def encode_command(method: str, arguments: Mapping[str, Any] | None = None, *,
                    destination: Sequence[str] | None = None, ticket: str | None = None,
                    reply: bool = False, pattern: str | None = None,
                    matcher: str | None = None, signing_key: str | None = None,
-                   now: float | None = None) -> bytes:
-    """The command's bytes; signed when ``signing_key`` is given."""
+                   now: float | None = None, reply_exchange: str = REPLY_EXCHANGE) -> bytes:
+    """The command's bytes; signed when ``signing_key`` is given. ``reply_exchange``:
+    what ``reply_to`` names (Celery's on the compatibility layout: ``pidbox.py``)."""
     ticket = ticket or new_ticket()
     body: dict[str, Any] = {
         "method": method,
@@ -91,7 +92,7 @@ def encode_command(method: str, arguments: Mapping[str, Any] | None = None, *,
         "pattern": pattern,
         "matcher": matcher,
         "ticket": ticket,
-        "reply_to": {"exchange": REPLY_EXCHANGE, "routing_key": ticket} if reply else None,
+        "reply_to": {"exchange": reply_exchange, "routing_key": ticket} if reply else None,
         "timestamp": time.time() if now is None else now,
     }
     if signing_key:

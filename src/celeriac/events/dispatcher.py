@@ -15,9 +15,10 @@ worker's throughput, and the thread mostly runs while the loop waits on its sock
   arrived, whichever comes first; an event of another group (``worker-heartbeat``) wakes
   the thread at once and takes whatever waits before it along, so order is kept;
 - a batch is one ``transport.broadcast(EVENTS_CHANNEL, payload, routing_key)``: the
-  payload is a JSON array of events of one group, the routing key the first event's type
-  with dots (``task.succeeded``). Where the broker can tell that nobody subscribed
-  (Redis pub/sub: ``transport.has_subscribers``) the batch is not made at all and counts
+  payload is a JSON array of events of one group, the routing key the event's type
+  with dots (``task.succeeded``) or, for several, ``<group>.multi``, as Celery's.
+  Where the broker can tell that nobody subscribed (Redis pub/sub:
+  ``transport.has_subscribers``) the batch is not made at all and counts
   in ``unheard``: the broker would drop it, so events cost a worker nearly nothing while
   no monitor watches;
 - while the broker is unreachable, events wait, at most ``events_offline_buffer`` of
@@ -83,8 +84,10 @@ def group_of(type_: str) -> str:
     return type_.partition("-")[0]
 
 
-def routing_key(type_: str) -> str:
-    return type_.replace("-", ".")
+def routing_key(type_: str, count: int = 1) -> str:
+    """Celery's routing key for ``count`` events of ``type_``'s group: the type with
+    dots, or ``<group>.multi`` for a batch of several."""
+    return f"{group_of(type_)}.multi" if count > 1 else type_.replace("-", ".")
 
 
 class EventDispatcher:
@@ -398,8 +401,8 @@ class EventDispatcher:
             if payload is not None:
                 try:
                     with forking.io_lock():
-                        self.transport.broadcast(EVENTS_CHANNEL, payload,
-                                                 routing_key(batch[start]["type"]))
+                        self.transport.broadcast(EVENTS_CHANNEL, payload, routing_key(
+                            batch[start]["type"], end - start))
                 except Exception as exc:  # whatever the client raises: an outage to wait out
                     return start, exc
             start = end

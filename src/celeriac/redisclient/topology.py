@@ -39,9 +39,11 @@ DEFAULT_NAMESPACE = "celeriac"
 SENTINEL_SCHEMES = ("redis+sentinel", "sentinel")
 CLUSTER_SCHEMES = ("redis+cluster",)
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
-# Our query parameters: taken out before a URL reaches redis-py.
+# Our query parameters: taken out before a URL reaches redis-py. ``layout`` and
+# ``visibility_timeout`` are the compatibility layout's (``_layouts.py``), read where the
+# layout is chosen; other users of the same URL (the revoked store) just pass them by.
 _OURS = ("namespace", "master", "master_name", "sentinel_password", "replicas_ack",
-         "replicas_ack_timeout")
+         "replicas_ack_timeout", "layout", "visibility_timeout")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,9 @@ transport contract maps onto it:
   backoff) wait in celeriac's delay store and move to the front of their list when due;
   only celeriac workers move them.
 - **Dead letters** are celeriac's (kombu has none), in ``_celeriac.kombu.dead``.
-- Broadcasts (celeriac's events) use the Redis transport's pub/sub channels, which no
-  kombu client subscribes to.
+- Broadcasts (events, remote control) go where Celery's go: ``celeryev`` and the
+  ``celery.pidbox`` mailbox, by kombu's pub/sub and binding sets
+  (``celery_channels.py``, ``kombu_pubsub.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ from ..errors import ConfigurationError
 from ..protocol import Delivery, new_id, utcnow
 from ..redisclient import Connector
 from . import kombu_wire as kw
-from .base import DeadLetter, Outgoing
+from .base import DeadLetter, Outgoing, Subscription
+from .celery_channels import CeleryChannels
+from .kombu_pubsub import RedisExchanges, check_options, database
 from .redis import RedisTransport
 
 if TYPE_CHECKING:
@@ -100,6 +103,7 @@ class KombuRedisTransport(RedisTransport):
             plain.append(stripped)
             options.update(ours)
         topts = settings.broker_transport_options or {}
+        check_options(topts)
         raw = options.get("visibility_timeout", topts.get("visibility_timeout",
                                                           kw.VISIBILITY_TIMEOUT))
         try:
@@ -115,6 +119,7 @@ class KombuRedisTransport(RedisTransport):
         self._bound: set[str] = set()
         self._holding: dict[str, Held] = {}
         self._poll = _POLL_MIN
+        self.channels = CeleryChannels(RedisExchanges(self.conn, database(plain[0])))
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -340,6 +345,21 @@ class KombuRedisTransport(RedisTransport):
         finally:
             self._holding.clear()
             await self.release()
+
+    # -- broadcast: Celery's events and mailbox ------------------------------------------
+    def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
+        if not self.channels.broadcast(channel, payload, routing_key):
+            super().broadcast(channel, payload, routing_key)
+
+    def has_subscribers(self, channel: str) -> bool:
+        return self.channels.has_subscribers(channel)
+
+    def control_listeners(self) -> int | None:
+        return self.channels.control_listeners()
+
+    async def subscribe(self, channel: str) -> Subscription:
+        sub = await self.channels.subscribe(channel)
+        return sub if sub is not None else await super().subscribe(channel)
 
     # -- administration -----------------------------------------------------------------
     def queue_length(self, queue: str) -> int:

@@ -40,6 +40,7 @@ import base64
 import binascii
 import bisect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -50,6 +51,17 @@ from .base import DeadLetter
 
 if TYPE_CHECKING:
     import redis
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """A kombu exchange as Celery declares it (on RabbitMQ the declaration must match
+    argument for argument, or the second declarer's channel is closed)."""
+
+    name: str
+    type: str
+    """``fanout``, ``topic`` or ``direct``."""
+    durable: bool
+
 
 SEP = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -119,6 +131,41 @@ def envelope(queue: str, message: Message) -> bytes:
             "delivery_tag": new_id(),
         },
     })
+
+
+def broadcast_envelope(body: bytes, headers: Mapping[str, Any], exchange: str,
+                       routing_key: str) -> bytes:
+    """The JSON kombu's virtual channel sends for a JSON ``body`` published through
+    ``exchange`` (Celery's events, remote-control commands and replies): transient, and
+    tagged, since kombu's consumer reads ``delivery_tag`` from every message."""
+    return orjson.dumps({
+        "body": base64.b64encode(body).decode("ascii"),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": dict(headers),
+        "properties": {
+            "delivery_mode": 1,
+            "delivery_info": {"exchange": exchange, "routing_key": routing_key},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": new_id(),
+        },
+    })
+
+
+def broadcast_body(raw: bytes) -> bytes | None:
+    """The body of a kombu envelope (``broadcast_envelope``'s, or any kombu client's);
+    None when ``raw`` is not one."""
+    try:
+        env = orjson.loads(raw)
+        props = env["properties"]
+        body = env.get("body") or ""
+        if props.get("body_encoding") == "base64":
+            return base64.b64decode(body, validate=True)
+        return body.encode() if isinstance(body, str) else None
+    except (orjson.JSONDecodeError, binascii.Error, KeyError, TypeError, AttributeError,
+            ValueError):
+        return None
 
 
 def parse(raw: bytes) -> tuple[Message, dict[str, Any]]:

@@ -234,7 +234,9 @@ class Control(Step):
         if channel is None:
             return
         data = encode_reply(self.state.hostname, reply)
-        future = self.replies.submit(self.transport.broadcast, channel, data)
+        # The ticket goes along: Celery's caller on the kombu layout reads it in a header.
+        future = self.replies.submit(self.transport.broadcast, channel, data,
+                                     cmd.ticket or "")
         future.add_done_callback(_reply_sent)
 
     async def stop(self) -> None:

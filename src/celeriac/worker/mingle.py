@@ -17,6 +17,7 @@ from typing import Any
 
 from ..control import gather
 from ..control.mailbox import CONTROL_CHANNEL, encode_command, new_ticket
+from ..control.pidbox import reply_exchange_for
 from ..transports.base import Transport, create_transport
 from .blueprint import Step
 from .revoked import StateDB
@@ -41,7 +42,8 @@ class Mingle(Step):
                 return
             ticket = new_ticket()
             payload = encode_command("hello", {"from_node": w.hostname}, ticket=ticket,
-                                     reply=True, signing_key=s.control_signing_key)
+                                     reply=True, signing_key=s.control_signing_key,
+                                     reply_exchange=reply_exchange_for(s.broker_url))
             replies = await gather(transport, "hello", payload, ticket,
                                    s.worker_mingle_timeout, peers)
         except Exception as exc:
@@ -65,6 +67,9 @@ class Mingle(Step):
                     continue
                 nodes.append(node)
                 ids = answer.get("revoked")
+                if isinstance(ids, list):  # a Celery 5.7 worker's hello: the ids only
+                    until = time.time() + w.app.settings.worker_revoke_expires
+                    ids = {i: until for i in ids if isinstance(i, str)}
                 if isinstance(ids, dict):
                     new += revoked.update(ids)
                 clock = answer.get("clock")
@@ -84,6 +89,9 @@ def listeners(transport: Transport, queues: list[str]) -> int | None:
     of this worker's queues (peers on other queues only shorten the wait when they
     answer); memory its subscribers."""
     try:
+        counter = getattr(transport, "control_listeners", None)  # the kombu layout's
+        if counter is not None:
+            return counter()  # type: ignore[no-any-return]
         if transport.scheme in ("redis", "rediss"):
             reply = transport.conn.command(  # type: ignore[attr-defined]
                 lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{CONTROL_CHANNEL}"))

@@ -290,18 +290,20 @@ class AMQPSubscription(Subscription):
     or for a private channel the reply exchange, by the channel's key)."""
 
     def __init__(self, link: Callable[[], Awaitable[Link]], exchange: str,
-                 kind: str = "fanout", key: str | None = None) -> None:
+                 kind: str = "fanout", key: str | None = None, durable: bool = True) -> None:
         self.link = link
         self.exchange = exchange
         self.kind = kind
         self.key = key
+        self.durable = durable  # as Celery declares its exchange (kombu layout)
         self.channel: AbstractChannel | None = None
         self.payloads: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def open(self) -> None:
         link = await self.link()
         ch = self.channel = await link.conn.channel(publisher_confirms=False)
-        await ch.exchange_declare(self.exchange, exchange_type=self.kind, durable=True)
+        await ch.exchange_declare(self.exchange, exchange_type=self.kind,
+                                  durable=self.durable)
         ok = await ch.queue_declare("", exclusive=True, auto_delete=True)
         await ch.queue_bind(str(ok.queue), self.exchange, routing_key=self.key or "")
         await ch.basic_consume(str(ok.queue), self._on_message, no_ack=True)
