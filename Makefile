@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/quickstart/run.py
 
+# Two processes: most slow tests wait on worker processes and brokers, not on the CPU.
 test: $(STAMP)
 	@scripts/services.sh
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
