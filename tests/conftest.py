@@ -24,17 +24,3 @@ def memory_app() -> Iterator[Celeriac]:
 def sqlite_url(tmp_path: object) -> str:
     return f"sqlite:///{tmp_path}/celeriac.db"
 
-
-# Tests that share state outside a namespace of their own run in one xdist worker, one
-# after another (`make test` runs the suite in two processes, `--dist loadgroup`): the
-# compatibility tests speak Celery's layout, which has no namespace (the queue "celery"
-# on RabbitMQ's default vhost, fixed Redis databases).
-SERIAL_GROUPS = {"compat": "compat"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        parts = item.nodeid.split("/")
-        group = SERIAL_GROUPS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))

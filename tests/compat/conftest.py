@@ -72,10 +72,14 @@ class CeleryWorker:
              "--without-gossip", "--without-mingle"],
             cwd=HERE, env={**os.environ, **env}, stdout=self.log_file,
             stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(lambda: b" ready." in self.log_path.read_bytes() or self._died(), 60,
-                   message="celery worker ready")
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"celery worker exited:\n{self.log}")
+        try:
+            wait_until(lambda: b" ready." in self.log_path.read_bytes() or self._died(), 60,
+                       message="celery worker ready")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"celery worker exited:\n{self.log}")
+        except BaseException:
+            self.stop()  # no caller holds it to stop it: not its process, not its log
+            raise
 
     def _died(self) -> bool:
         return self.proc.poll() is not None
@@ -177,11 +181,17 @@ def fleet_factory(celery_venv: Path) -> Iterator[Any]:
             return client
 
     yield Factory()
-    for thing in reversed(started):
-        if isinstance(thing, CeleryClient):
-            thing.close()
-        else:
-            thing.stop()
+    errors: list[BaseException] = []
+    for thing in reversed(started):  # every one stopped, even after one fails to
+        try:
+            if isinstance(thing, CeleryClient):
+                thing.close()
+            else:
+                thing.stop()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def settle(predicate: Any, timeout: float = 20.0, message: str = "condition") -> Any:

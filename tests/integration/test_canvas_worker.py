@@ -149,4 +149,7 @@ def test_children_and_collect_walk_what_a_task_sent(app: Celeriac, worker: Worke
     assert [value for _, value in r.collect(timeout=15)] == [3, 0, 2, 4]
     c = (t.add.s(1, 1) | t.add.s(2)).apply_async()
     assert c.get(timeout=15) == 4
-    assert c.parent is not None and c.parent.children == [c]  # the chain's next step
+    # The first step's result (and its children) is stored after it sent the next step,
+    # which may finish first: wait for it.
+    assert c.parent is not None and c.parent.get(timeout=15) == 2
+    assert c.parent.children == [c]  # the chain's next step
