@@ -188,8 +188,10 @@ def test_outage_holds_events_drops_oldest_and_logs_twice(
     assert d.flush(10)
     assert [e["uuid"] for e in fake.events] == [f"u{i}" for i in range(30, 50)]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    infos = [r for r in caplog.records if r.levelno == logging.INFO]
     assert len(warnings) == 1 and "cannot reach the broker" in warnings[0].getMessage()
+    # The sender thread logs the recovery right after the send that flush waited for.
+    infos = wait_until(lambda: [r for r in caplog.records if r.levelno == logging.INFO], 5,
+                       message="the recovery log line")
     assert len(infos) == 1 and "20 held events (30 dropped)" in infos[0].getMessage()
 
 
