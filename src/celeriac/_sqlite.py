@@ -143,6 +143,9 @@ class Doorbell:
         self.dir = base / key / channel
         self._sender: socket.socket | None = None
         self._sender_pid = 0
+        self._closed = False
+        """After ``close``, a ring (a thread still finishing its work) uses a socket of its
+        own and closes it: none is left for nobody to close."""
         self._peers: list[str] = []
         self._peers_mtime = -1
 
@@ -159,19 +162,27 @@ class Doorbell:
             self._peers = [str(p) for p in self.dir.iterdir()]
             self._peers_mtime = mtime
         sender = self._sender_socket()
-        for peer in self._peers:
-            try:
-                sender.sendto(b"!", peer)
-            except BlockingIOError:
-                pass  # its buffer is full of rings it has not read: it will wake anyway
-            except (ConnectionRefusedError, FileNotFoundError):
-                with contextlib.suppress(OSError):
-                    os.unlink(peer)  # a waiter that died without cleaning up
-            except OSError as exc:
-                if exc.errno != errno.EAGAIN:
-                    raise
+        try:
+            for peer in self._peers:
+                try:
+                    sender.sendto(b"!", peer)
+                except BlockingIOError:
+                    pass  # its buffer is full of rings it has not read: it will wake anyway
+                except (ConnectionRefusedError, FileNotFoundError):
+                    with contextlib.suppress(OSError):
+                        os.unlink(peer)  # a waiter that died without cleaning up
+                except OSError as exc:
+                    if exc.errno != errno.EAGAIN:
+                        raise
+        finally:
+            if self._closed:
+                sender.close()
 
     def _sender_socket(self) -> socket.socket:
+        if self._closed:
+            one_shot = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            one_shot.setblocking(False)
+            return one_shot
         if self._sender is None or self._sender_pid != os.getpid():
             self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._sender.setblocking(False)
@@ -179,6 +190,7 @@ class Doorbell:
         return self._sender
 
     def close(self) -> None:
+        self._closed = True
         if self._sender is not None and self._sender_pid == os.getpid():
             self._sender.close()
         self._sender = None
@@ -240,10 +252,20 @@ class Listener:
             loop.remove_reader(fd)
 
     def close(self) -> None:
+        if self.sock.fileno() == -1:
+            return  # closed already
         self.sock.close()
+        if self.pid != os.getpid():
+            return  # a forked copy: the path is the parent's
         with contextlib.suppress(OSError):
             os.unlink(self.path)
         # Leave no empty directories behind (rmdir fails harmlessly while others listen).
         with contextlib.suppress(OSError):
             self.directory.rmdir()
             self.directory.parent.rmdir()
+
+    def __del__(self) -> None:
+        # A thread's listener (the backend keeps one per thread) that nobody closed: its
+        # thread ended, or it was made after the backend closed. Closed here, unlinked.
+        with contextlib.suppress(Exception):
+            self.close()
