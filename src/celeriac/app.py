@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar,
 
 from . import _state, config, serialization, signals
 from . import result as _result
+from ._loading import django_apps, load_object
+from ._messages import EMPTY_EMBED, absolute_time, encode_body, split_call, validate_priority
 from ._net import retrying
 from .backends.base import ResultBackend, create_backend
 from .canvas import Signature, register_builtins
 from .canvas import signature as _signature
-from .errors import ConfigurationError, EncodeError
+from .errors import ConfigurationError
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
 from .settings import Conf, Settings
@@ -62,7 +64,7 @@ class Celeriac:
         self.main = main
         base = settings or Settings()
         if config_source is not None:
-            base = base.update_from(_load_object(config_source), namespace)
+            base = base.update_from(load_object(config_source), namespace)
         if broker is not None:
             overrides["broker_url"] = broker
         if backend is not None:
@@ -110,7 +112,7 @@ class Celeriac:
         as Celery does; ``namespace="CELERY"`` reads Django's ``CELERY_BROKER_URL`` and so
         on. Settings not named there keep their values."""
         self._check_not_finalized("config_from_object()")
-        self.settings = self.settings.update_from(_load_object(obj), namespace)
+        self.settings = self.settings.update_from(load_object(obj), namespace)
 
     def _check_not_finalized(self, what: str) -> None:
         if self._finalized:
@@ -154,7 +156,7 @@ class Celeriac:
 
     def _discover(self, packages: Any, related_name: str) -> None:
         if packages is None:
-            packages = _django_apps()
+            packages = django_apps()
         elif callable(packages):
             packages = packages()
         for package in packages:
@@ -453,7 +455,7 @@ class Celeriac:
         results: list[_result.AsyncResult[Any]] = []
         chunk: list[Outgoing] = []
         for call in calls:
-            args, kwargs = _split_call(call)
+            args, kwargs = split_call(call)
             message, q, delay = self._build(
                 name, args, kwargs, countdown=countdown, eta=None, expires=None, queue=queue,
                 priority=priority, task_id=None, headers=None, serializer=serializer,
@@ -515,7 +517,7 @@ class Celeriac:
             # _build (the hot path of every send) always writes an empty embed: encode
             # the body again here rather than slow it down with a parameter.
             content_type, body = serialization.dumps(
-                (list(args or ()), dict(kwargs or {}), {**_EMBED, **embed}),
+                (list(args or ()), dict(kwargs or {}), {**EMPTY_EMBED, **embed}),
                 serializer or self.settings.task_serializer)
             message = Message(message.headers, body, content_type, message.content_encoding,
                               message.properties)
@@ -593,7 +595,7 @@ class Celeriac:
         if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
             raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
         if priority is not None:
-            _validate_priority(priority)
+            validate_priority(priority)
         if countdown is not None and eta is not None:
             raise ValueError("give countdown or eta, not both")
         args, kwargs = list(args or ()), dict(kwargs or {})
@@ -607,11 +609,11 @@ class Celeriac:
             eta = eta.replace(tzinfo=UTC)
         delay = (eta - now).total_seconds() if eta is not None else None
         serializer = serializer or self.settings.task_serializer
-        content_type, body = _encode_body(name, args, kwargs, serializer)
+        content_type, body = encode_body(name, args, kwargs, serializer)
         a_repr, k_repr = args_repr(args, kwargs)
         h = task_headers(
             task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
-            expires=_absolute(expires, now), retries=retries, time_limit=time_limit,
+            expires=absolute_time(expires, now), retries=retries, time_limit=time_limit,
             soft_time_limit=soft_time_limit, ignore_result=ignore_result,
             extra=dict(headers) if headers else None,
         )
@@ -656,98 +658,18 @@ def _class_default(base: type[Task[Any, Any]], option: str) -> Any:
 
 
 def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
-    _validate_priority(options.get("priority"))
+    validate_priority(options.get("priority"))
     if options.get("serializer") is not None:
         serialization.get_serializer(options["serializer"])
-    if options.get("rate_limit") is not None:
-        from .worker.ratelimit import parse_rate
+    for option in ("rate_limit", "global_rate_limit"):
+        if options.get(option) is not None:
+            from .worker.ratelimit import parse_rate
 
-        try:
-            parse_rate(options["rate_limit"])
-        except ValueError as exc:
-            raise ConfigurationError(f"task {name!r}: rate_limit: {exc}") from None
-    if options.get("global_rate_limit") is not None:
-        from .worker.ratelimit import parse_rate
-
-        try:
-            parse_rate(options["global_rate_limit"])
-        except ValueError as exc:
-            raise ConfigurationError(f"task {name!r}: global_rate_limit: {exc}") from None
+            try:
+                parse_rate(options[option])
+            except ValueError as exc:
+                raise ConfigurationError(f"task {name!r}: {option}: {exc}") from None
     autoretry = options.get("autoretry_for")
     if isinstance(autoretry, list):
         options["autoretry_for"] = tuple(autoretry)
     return TaskOptions(name=name, **options)
-
-
-def _load_object(obj: object | str) -> object:
-    """A module named ``"pkg.mod"`` (or an attribute, ``"pkg.mod:attr"``), else ``obj``."""
-    if not isinstance(obj, str):
-        return obj
-    module_name, _, attr = obj.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import configuration {obj!r}: {exc}") from exc
-    if not attr:
-        return module
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigurationError(f"configuration {obj!r}: {module_name} has no "
-                                 f"attribute {attr!r}") from None
-
-
-def _django_apps() -> list[str]:
-    try:
-        from django.conf import settings  # type: ignore[import-not-found]
-    except ImportError:
-        return []
-    return list(getattr(settings, "INSTALLED_APPS", ())) if settings.configured else []
-
-
-def _split_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:
-    if (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], Mapping)
-            and isinstance(call[0], (list, tuple))):
-        return call[0], call[1]
-    if isinstance(call, (list, tuple)):
-        return call, None
-    raise TypeError(f"each call must be an args sequence or (args, kwargs), got {call!r}")
-
-
-def _validate_priority(priority: Any) -> None:
-    if priority is not None and (not isinstance(priority, int) or not 0 <= priority <= 9):
-        raise ValueError(f"priority must be an int from 0 to 9, got {priority!r}")
-
-
-def _absolute(expires: float | timedelta | datetime | None, now: datetime) -> datetime | None:
-    if expires is None:
-        return None
-    if isinstance(expires, datetime):
-        return expires if expires.tzinfo else expires.replace(tzinfo=UTC)
-    if isinstance(expires, timedelta):
-        return now + expires
-    if isinstance(expires, (int, float)):
-        return now + timedelta(seconds=expires)
-    raise TypeError(f"expires must be seconds, a timedelta or a datetime, got {expires!r}")
-
-
-def _encode_body(name: str, args: list[Any], kwargs: dict[str, Any], serializer: str
-                 ) -> tuple[str, bytes]:
-    try:
-        return serialization.dumps((args, kwargs, _EMBED), serializer)
-    except EncodeError:
-        pass
-    # Find the culprit so the message names the argument, not just the type.
-    for label, value in [*((f"argument {i}", a) for i, a in enumerate(args)),
-                         *((f"keyword argument {k!r}", v) for k, v in kwargs.items())]:
-        try:
-            serialization.dumps(value, serializer)
-        except EncodeError as exc:
-            raise EncodeError(
-                f"cannot send {name}: {label} has type {type(value).__name__}, which the "
-                f"{serializer!r} serializer cannot encode ({exc.__cause__}); nothing was published"
-            ) from exc
-    raise EncodeError(f"cannot send {name}: arguments cannot be encoded with {serializer!r}")
-
-
-_EMBED: dict[str, Any] = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
