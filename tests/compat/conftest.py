@@ -200,4 +200,4 @@ def settle(predicate: Any, timeout: float = 20.0, message: str = "condition") ->
         value = predicate()
         if value or time.monotonic() > deadline:
             return value
-        time.sleep(0.05)
+        time.sleep(0.05)  # sleep-ok: poll interval, bounded by the deadline

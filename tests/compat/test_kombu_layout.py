@@ -92,7 +92,7 @@ def test_visibility_timeout_restores_a_dead_workers_message(admin: redis.Redis) 
         await dead.release()  # dies holding it
         await live.connect("live")
         assert await live.renew_lease() == 0  # not yet timed out
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)  # sleep-ok: time passes for the visibility timeout
         assert await live.renew_lease() == 1
         [again] = await live.fetch(["q"], 10, 1.0)
         assert again.message.headers["id"] == "m" and again.delivery_count == 2
@@ -115,7 +115,7 @@ def test_a_live_worker_re_stamps_what_it_holds(admin: redis.Redis) -> None:
         [held] = await t.fetch(["q"], 10, 1.0)
         await other.connect("other")
         for _ in range(4):  # 2 s of a long task, renewing as the consumer does
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # sleep-ok: time passes for the visibility timeout
             await t.renew_lease()
             assert await other.renew_lease() == 0
         await t.ack([held])

@@ -78,7 +78,7 @@ class Flower:
                     return last
             except OSError as exc:  # not listening yet
                 last = exc
-            time.sleep(0.2)
+            time.sleep(0.2)  # sleep-ok: poll interval, bounded by the deadline
         log = self.log_path.read_text(errors="replace")[-3000:]
         pytest.fail(f"Flower: {what} not seen within {timeout:.0f}s; last {last!r}\n{log}")
 
@@ -167,7 +167,7 @@ def test_celery_inspect_lists_celeriac_workers(fleet: dict[str, Any]) -> None:
         active = app.control.inspect(destination=[ours], timeout=1).active() or {}
         if any(t["id"] == slow.id for t in active.get(ours, [])):
             break
-        time.sleep(0.1)
+        time.sleep(0.1)  # sleep-ok: poll interval, bounded by the deadline
     else:
         pytest.fail(f"{slow.id} never active on {ours}")
     replies = celery_inspect(fleet, "active")

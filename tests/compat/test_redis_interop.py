@@ -127,7 +127,7 @@ def test_links_from_each_side(app: Celeriac, fleet: Any) -> None:
                         "for _ in range(200):\n"
                         "    r = app.AsyncResult(r.id)\n"
                         "    if r.children: break\n"
-                        "    time.sleep(0.05)\n"
+                        "    time.sleep(0.05)\n"  # sleep-ok: the Celery client polls
                         "out = r.children[0].get(timeout=20)")
     assert out == ["celery", 7]
     errback = signature("compat.log_error", app=app).set(queue="to_celeriac")

@@ -16,7 +16,7 @@ __all__ = ["add", "app"]
 
 @app.task
 async def adouble(x: int) -> int:
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: the task's own wait
     return x * 2
 
 
@@ -24,7 +24,7 @@ async def adouble(x: int) -> int:
 async def anap(seconds: float, marker_dir: str | None = None) -> int:
     if marker_dir:
         Path(marker_dir, f"{os.getpid()}-{anap.request.id}").touch()
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(seconds)  # sleep-ok: the task's own wait
     return os.getpid()
 
 
@@ -44,7 +44,7 @@ async def ablock(seconds: float) -> str:
 @app.task(soft_time_limit=0.3)
 async def asoft() -> str:
     try:
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # sleep-ok: the task's own wait
     except SoftTimeLimitExceeded:
         return "cleaned up"
     return "not interrupted"

@@ -42,7 +42,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(0.05)  # sleep-ok: poll interval, bounded by the deadline
 
 
 class Beats:
@@ -185,7 +185,7 @@ def _scenario(store_url: str, tmp_path: Path) -> str:
             wait_for("2 more runs", lambda count=count: len(ticks()) >= count + 2)
         beats.stop_all()
         stopped = time.time()
-        time.sleep(5)  # the outage itself: nothing is waited for here
+        time.sleep(5)  # sleep-ok: the outage itself: nothing is waited for here
         for _ in range(3):
             beats.start()
         count = len(ticks())

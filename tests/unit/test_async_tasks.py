@@ -27,7 +27,7 @@ def app() -> Iterator[Celeriac]:
 def test_calling_an_async_task_returns_its_coroutine_with_its_request(app: Celeriac) -> None:
     @app.task(bind=True)
     async def who(self, x: int) -> tuple[int, bool]:  # type: ignore[no-untyped-def]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: yield to the loop
         return x, self.request.called_directly
 
     coro = who(4)
@@ -60,7 +60,7 @@ def test_apply_runs_the_coroutine_with_retries_and_autoretry(app: Celeriac) -> N
 def test_apply_from_inside_a_running_loop(app: Celeriac) -> None:
     @app.task
     async def double(x: int) -> int:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: yield to the loop
         return 2 * x
 
     async def caller() -> int:
@@ -72,9 +72,9 @@ def test_apply_from_inside_a_running_loop(app: Celeriac) -> None:
 def test_guard_raises_the_limit_at_the_await_and_the_task_goes_on() -> None:
     async def task() -> str:
         try:
-            await asyncio.sleep(10)
+            await asyncio.sleep(10)  # sleep-ok: the coroutine under test waits
         except SoftTimeLimitExceeded:
-            await asyncio.sleep(0.01)  # still usable: the task was not left cancelled
+            await asyncio.sleep(0.01)  # sleep-ok: still usable: the task was not left cancelled
             return "cleaned up"
         return "not interrupted"
 
@@ -92,9 +92,10 @@ def test_guard_before_the_task_starts_and_real_cancellation() -> None:
         guard = Guard()
         guard.interrupt(TimeLimitExceeded("hard"))  # before the coroutine first ran
         with pytest.raises(TimeLimitExceeded):
-            await _await(guard.wrap(asyncio.sleep(1)))
-        other = asyncio.get_running_loop().create_task(_await(Guard().wrap(asyncio.sleep(5))))
-        await asyncio.sleep(0)
+            await _await(guard.wrap(asyncio.sleep(1)))  # sleep-ok: the coroutine under test waits
+        waiting = Guard().wrap(asyncio.sleep(5))  # sleep-ok: the coroutine under test waits
+        other = asyncio.get_running_loop().create_task(_await(waiting))
+        await asyncio.sleep(0)  # sleep-ok: yield to the loop
         other.cancel()  # a real cancellation passes through
         with pytest.raises(asyncio.CancelledError):
             await other
@@ -117,7 +118,7 @@ def test_lag_watch_names_the_blocking_task_once_per_episode(
             time.sleep(0.3)  # sleep-ok: the blocking code under test
 
         await asyncio.create_task(blocker(), name="the-blocker")
-        await asyncio.sleep(0.05)  # the loop turns again: the episode ends
+        await asyncio.sleep(0.05)  # sleep-ok: the loop turns again: the episode ends
         watch.close()
         return watch
 
@@ -133,7 +134,7 @@ def test_lag_watch_names_the_blocking_task_once_per_episode(
 def test_solo_pool_runs_async_tasks_on_its_loop(app: Celeriac) -> None:
     @app.task
     async def double(x: int) -> int:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # sleep-ok: the coroutine under test waits
         return 2 * x
 
     @app.task
@@ -187,10 +188,10 @@ def test_a_lag_watch_restarted_after_close_does_not_spin() -> None:
 
     async def cycle() -> None:
         watch.start()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # sleep-ok: the coroutine under test waits
         watch.close()
         watch.start()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # sleep-ok: the coroutine under test waits
 
     try:
         loop.run_until_complete(cycle())

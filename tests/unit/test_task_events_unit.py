@@ -78,10 +78,10 @@ def test_events_of_one_loop_turn_leave_together_whoever_made_them() -> None:
         events.started("t1")
         events.rejected("t2", "lost", requeue=True)
         assert recorder.calls == [["task-started"]]  # not yet: the turn is not over
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: yield to the loop
         assert recorder.calls[1:] == [["task-started", "task-rejected"]]
         events.put_all([events.failed("t3", "ValueError()")])
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: yield to the loop
         assert recorder.calls[2:] == [["task-failed"]]
 
     asyncio.run(main())
