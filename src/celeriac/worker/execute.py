@@ -344,16 +344,8 @@ def _run(task: Any, request: Request, args: Any, kwargs: Any
     """Run the task; returns (state to store or None, value or exception, action, reason)."""
     try:
         return states.SUCCESS, task.run_with(request, args, kwargs), "ack", None
-    except Retry as r:
-        return states.RETRY, r.exc or r, "ack", None
-    except Ignore:
-        return None, None, "ack", None
-    except Reject as r:
-        if r.requeue:
-            return None, None, "requeue", None
-        return states.FAILURE, r, "dead_letter", f"rejected: {r.reason}"
     except Exception as exc:
-        return states.FAILURE, exc, "ack", None
+        return _raised(exc)
 
 
 async def _arun(task: Any, request: Request, args: Any, kwargs: Any, guard: Guard | None
@@ -361,16 +353,21 @@ async def _arun(task: Any, request: Request, args: Any, kwargs: Any, guard: Guar
     """``_run`` for an ``async def`` task."""
     try:
         return states.SUCCESS, await task.arun_with(request, args, kwargs, guard), "ack", None
-    except Retry as r:
-        return states.RETRY, r.exc or r, "ack", None
-    except Ignore:
-        return None, None, "ack", None
-    except Reject as r:
-        if r.requeue:
-            return None, None, "requeue", None
-        return states.FAILURE, r, "dead_letter", f"rejected: {r.reason}"
     except Exception as exc:
-        return states.FAILURE, exc, "ack", None
+        return _raised(exc)
+
+
+def _raised(exc: Exception) -> tuple[str | None, Any, Action, str | None]:
+    """What a task that raised ``exc`` comes to: Celery's control-flow exceptions first."""
+    if isinstance(exc, Retry):
+        return states.RETRY, exc.exc or exc, "ack", None
+    if isinstance(exc, Ignore):
+        return None, None, "ack", None
+    if isinstance(exc, Reject):
+        if exc.requeue:
+            return None, None, "requeue", None
+        return states.FAILURE, exc, "dead_letter", f"rejected: {exc.reason}"
+    return states.FAILURE, exc, "ack", None
 
 
 def _log(name: str, task_id: str, state: str | None, retval: Any, runtime: float) -> None:
