@@ -8,7 +8,10 @@ the shared Redis and deletes its keys after.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -17,7 +20,7 @@ import uvloop
 
 from celeriac import states
 from celeriac.backends.redis import RedisBackend
-from celeriac.redisclient import Connector
+from celeriac.redisclient import Connector, lanes
 from celeriac.redisclient.lanes import AsyncLane, SyncLane, lane_params
 from celeriac.settings import Settings
 from celeriac.transports.base import Outgoing
@@ -83,6 +86,94 @@ def test_sync_lane_redials_after_the_server_drops_it(url: str) -> None:
         assert first.broken and conn._sync_lane() is not first
     finally:
         conn.close()
+
+
+class ScriptedServer:
+    """A stand-in for a Redis that is slow or silent on cue (the shared server must not be
+    stalled for other tests): answers CLIENT SETNAME and PING at once, ``SLOW`` after
+    50 ms, and ``HANG`` never."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        self.conns.append(conn)
+        while data := conn.recv(1 << 16):
+            if b"HANG" in data:
+                return
+            if b"SLOW" in data:
+                time.sleep(0.05)  # sleep-ok: the slow reply the test is about
+            conn.sendall(b"+PONG\r\n" if b"PING" in data else b"+OK\r\n")
+
+    def lane(self, read_timeout: float) -> SyncLane:
+        return SyncLane.open({"host": "127.0.0.1", "port": self.port}, "test", 2.0,
+                             read_timeout)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.listener.close()
+        self.thread.join(timeout=2)
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    made = ScriptedServer()
+    yield made
+    made.close()
+
+
+def test_sync_lane_stops_spinning_for_a_slow_server_and_tries_again_later(
+        server: ScriptedServer) -> None:
+    lane = server.lane(read_timeout=4.0)
+    try:
+        assert lane.call("PING") == b"PONG"
+        lane._misses = 0  # whatever the handshake's replies were
+        for _ in range(lanes.SPIN_MISSES):
+            assert lane.call("SLOW") == b"OK"  # the spin gives up; recv waits for it
+        # That many replies in a row missed: the next calls sleep in recv at once (a
+        # remote or busy server costs no spinning), then the lane spins again.
+        assert lane._resting == lanes.SPIN_REST
+        for _ in range(lanes.SPIN_REST):
+            assert lane.call("PING") == b"PONG"
+        assert lane._resting == 0
+        assert lane.call("SLOW") == b"OK" and lane._misses == 1
+    finally:
+        lane.close()
+
+
+def test_sync_lane_read_timeout_drops_the_connection(server: ScriptedServer) -> None:
+    # The read timeout is kept by the kernel (SO_RCVTIMEO): it must still end the wait.
+    lane = server.lane(read_timeout=0.2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError, match="no reply in time"):
+            lane.call("HANG")
+        assert 0.15 < time.monotonic() - started < 2.0
+        assert lane.broken  # a late reply would be out of step
+        with pytest.raises(redis.ConnectionError):
+            lane.call("PING")
+    finally:
+        lane.close()
+
+
+def test_sync_lane_reads_a_reply_larger_than_its_buffer(url: str, ns: str) -> None:
+    params = lane_params(url.split("?")[0])
+    assert params is not None
+    lane = SyncLane.open(params, "test-big", 2.0, 4.0)
+    key = f"{ns}:big"
+    try:
+        value = bytes(range(256)) * 4096  # 1 MiB: many reads, the first one spun for
+        assert lane.call("SET", key, value) == b"OK"
+        assert lane.call("GET", key) == value
+        assert lane.call("DEL", key) == 1
+    finally:
+        lane.close()
 
 
 def test_async_lane_keeps_overlapping_replies_in_order(url: str) -> None:

@@ -7,6 +7,14 @@ pay that on every call, so their scripts go through a lane instead: the command 
 by hiredis, written to one socket, the reply parsed by hiredis. Everything else
 (BLPOP, pub/sub, administration) stays on redis-py.
 
+A blocking lane waits for its reply by spinning first (``SyncLane.call``): a local Redis
+answers a script in 20-40 us, and a thread that blocks in ``recv`` instead pays the
+scheduler's wake-up on top, which measured 45-50 us more per round trip on a 2-vCPU
+virtual machine (a PING round trip: 68 us blocking, 22 us spinning). The spin is bounded
+(``SPIN_SECONDS``) and adaptive: after ``SPIN_MISSES`` replies in a row that it did not
+catch (a remote or busy server), the lane blocks straight away for ``SPIN_REST`` calls
+before it tries again, so a far server costs a few wasted spins in a thousand calls.
+
 Lanes serve ``redis://`` and ``unix://`` URLs; ``rediss://`` keeps redis-py (TLS has too
 many options to copy). Failures raise redis-py's exception types, so ``connector.Connector``
 retries and fails over alike: a lost or timed-out connection is ``redis.ConnectionError``
@@ -20,7 +28,9 @@ import asyncio
 import collections
 import hashlib
 import socket
+import struct
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -29,6 +39,12 @@ import redis
 from redis.connection import SSLConnection, parse_url
 
 _BUFFER = 1 << 16
+SPIN_SECONDS = 100e-6
+"""The longest a blocking lane spins for a reply before it sleeps in ``recv``."""
+SPIN_MISSES = 4
+"""Replies in a row not caught by the spin before the lane stops spinning..."""
+SPIN_REST = 256
+"""...for this many calls."""
 
 
 def lane_params(url: str) -> dict[str, Any] | None:
@@ -76,6 +92,10 @@ class SyncLane:
         self.buffer = bytearray(_BUFFER)
         self.broken = False
         self.thread = threading.current_thread()
+        self._misses = 0
+        """Replies in a row the spin did not catch."""
+        self._resting = 0
+        """Calls left that block without spinning."""
 
     @classmethod
     def open(cls, params: dict[str, Any], name: str, connect_timeout: float,
@@ -91,7 +111,15 @@ class SyncLane:
                     timeout=connect_timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            sock.settimeout(read_timeout)
+            # Blocking at Python's level, with the read timeout kept by the kernel
+            # (SO_RCVTIMEO, SO_SNDTIMEO): a Python-level timeout would poll() before
+            # every recv, and the spin needs a recv that returns at once.
+            sock.settimeout(None)
+            if read_timeout:
+                timeval = struct.pack("ll", int(read_timeout),
+                                      int(read_timeout % 1 * 1_000_000))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         except TimeoutError as exc:
             raise redis.TimeoutError(f"connecting: {exc}") from exc
         except OSError as exc:
@@ -107,12 +135,22 @@ class SyncLane:
         reader = self.reader
         try:
             self.sock.sendall(hiredis.pack_command(args))
-            while (reply := reader.gets()) is False:
-                n = self.sock.recv_into(self.buffer)
-                if not n:
-                    raise ConnectionResetError("closed by the server")
+            if self._resting:
+                self._resting -= 1
+                n = 0
+            else:
+                n = self._spin()
+            while True:
+                if n == 0:
+                    n = self.sock.recv_into(self.buffer)
+                    if not n:
+                        raise ConnectionResetError("closed by the server")
                 reader.feed(self.buffer, 0, n)  # type: ignore[arg-type]
-        except TimeoutError as exc:
+                if (reply := reader.gets()) is not False:
+                    break
+                n = 0
+        except (TimeoutError, BlockingIOError) as exc:
+            # BlockingIOError: SO_RCVTIMEO or SO_SNDTIMEO ran out.
             # A reply may still come: the stream is out of step, so drop it.
             self.close()
             raise redis.TimeoutError(f"no reply in time: {exc}") from exc
@@ -122,6 +160,25 @@ class SyncLane:
         if isinstance(reply, hiredis.ReplyError):
             raise _reply_error(reply)
         return reply
+
+    def _spin(self) -> int:
+        """Bytes of the reply read while spinning (0: none came within SPIN_SECONDS)."""
+        recv_into, buffer = self.sock.recv_into, self.buffer
+        end = time.perf_counter() + SPIN_SECONDS
+        while True:
+            try:
+                n = recv_into(buffer, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() < end:
+                    continue
+                self._misses += 1
+                if self._misses == SPIN_MISSES:
+                    self._misses, self._resting = 0, SPIN_REST
+                return 0
+            if not n:
+                raise ConnectionResetError("closed by the server")
+            self._misses = 0
+            return n
 
     def evalsha(self, sha: str, source: str, args: Sequence[Any]) -> Any:
         try:
