@@ -1,6 +1,6 @@
-"""Celery's built-in canvas tasks, ``celery.map`` and ``celery.starmap``, and the
-signatures that send them: ``task.map(items)``, ``task.starmap(items)``,
-``chunks(task, items, n)``.
+"""Celery's built-in canvas tasks, ``celery.map``, ``celery.starmap`` and
+``celery.chord_unlock``, and the signatures that send the first two:
+``task.map(items)``, ``task.starmap(items)``, ``chunks(task, items, n)``.
 
 The tasks keep Celery's names so that the wire matches: a Celery client's
 ``add.map(...)`` message runs on a celeriac worker, and ours on Celery's. Every app
@@ -9,12 +9,14 @@ registers them when it is made (``register_builtins``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import states
 from .canvas.signature import Signature, maybe_signature, signature
 from .canvas.workflows import group
-from .result import GroupResult
+from .errors import MaxRetriesExceededError
+from .result import GroupResult, tuple_id
 
 if TYPE_CHECKING:
     from ._state import SharedTask
@@ -23,9 +25,10 @@ if TYPE_CHECKING:
 
 
 def register_builtins(app: Celeriac) -> None:
-    """Register ``celery.map`` and ``celery.starmap`` on ``app``. Each gets the member
-    task as a signature dict and calls it once per item, here, in the one worker task
-    (Celery's: the member's own partial arguments and options are not used)."""
+    """Register ``celery.map``, ``celery.starmap`` and ``celery.chord_unlock`` on ``app``.
+    The first two get the member task as a signature dict and call it once per item,
+    here, in the one worker task (Celery's: the member's own partial arguments and
+    options are not used)."""
 
     def xmap(task: dict[str, Any], it: list[Any]) -> list[Any]:
         fn = signature(task, app=app).type
@@ -37,6 +40,38 @@ def register_builtins(app: Celeriac) -> None:
 
     app._register(xmap, {"name": "celery.map"})
     app._register(xstarmap, {"name": "celery.starmap"})
+    app._register(_unlock_chord(app), {"name": "celery.chord_unlock", "bind": True,
+                                       "max_retries": None, "ignore_result": True})
+
+
+def _unlock_chord(app: Celeriac) -> Callable[..., None]:
+    """Celery's ``celery.chord_unlock``, for backends with ``chords_by_unlock``: wait (by
+    retrying every ``interval`` seconds, default ``result_chord_retry_interval``) until
+    every header task has a final state, then send the body with their results, or store
+    ``ChordError`` for it if one failed. Its arguments are Celery's, so a chord a Celery
+    client sent is completed by a celeriac worker and the reverse."""
+
+    def unlock_chord(self: Task[Any, Any], group_id: str, callback: dict[str, Any],
+                     interval: float | None = None, max_retries: int | None = None,
+                     result: list[Any] | None = None, **kwargs: Any) -> None:
+        from .worker import followups
+
+        request = self.request
+        lineage = {"parent_id": request.id, "root_id": request.root_id or request.id}
+        ids = [tuple_id(node) for node in result or ()]
+        metas = app.backend.get_many(ids)
+        if not all(metas.get(i) is not None and metas[i].state in states.READY_STATES
+                   for i in ids):
+            wait = app.settings.result_chord_retry_interval if interval is None else interval
+            try:
+                raise self.retry(countdown=wait, max_retries=max_retries)
+            except MaxRetriesExceededError as exc:
+                followups.fail_body(app, callback, lineage,
+                                    f"chord {group_id}: chord_unlock gave up: {exc}")
+                raise
+        followups.fire_body(app, callback, ids, metas, lineage)
+
+    return unlock_chord
 
 
 def _member(task: Task[Any, Any] | SharedTask | Mapping[str, Any], app: Celeriac | None

@@ -82,10 +82,11 @@ HARMLESS: dict[str, str] = {
     "beat_schedule_filename": "celeriac beat keeps its state in the broker's or result "
                               "backend's store, not in a local file",
     **dict.fromkeys([
-        "result_chord_expires", "result_chord_join_timeout", "result_chord_retry_interval",
+        "result_chord_expires", "result_chord_join_timeout",
         "task_allow_error_cb_on_chord_header"],
-        "celeriac counts chords in the result backend (no chord_unlock task to time out "
-        "or retry; chord state expires with result_expires)"),
+        "celeriac counts chords in the result backend (chord state expires with "
+        "result_expires); where chords are polled (db+postgresql://), "
+        "result_chord_retry_interval applies"),
 }
 """Accepted, with one warning naming the reason."""
 

@@ -439,6 +439,13 @@ class GroupResult:
         return cls(id, [AsyncResult(str(i), app) for i in ids], app)
 
 
+def tuple_id(node: Any) -> str:
+    """The task id of a result tuple ``[[id, parent], children]`` (or a bare id)."""
+    while isinstance(node, list | tuple):
+        node = node[0]
+    return str(node)
+
+
 def result_from_tuple(value: Any, app: Celeriac) -> AsyncResult[Any] | GroupResult:
     """The result ``as_tuple`` made ``value`` from (Celery's ``result_from_tuple``); a
     bare id is taken as a task's."""

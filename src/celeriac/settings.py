@@ -91,6 +91,10 @@ class Settings:
     result_extended: bool = False
     """Store the task's name, args, kwargs, worker, retries and queue with its result
     (``AsyncResult.name``, ``.args``, ``.kwargs``...)."""
+    result_chord_retry_interval: float = 1.0
+    """Seconds between two looks of ``celery.chord_unlock`` at a chord's header, on a
+    result backend that completes chords so (Celery's database layout,
+    ``db+postgresql://``); other backends count chords and never poll."""
 
     include: tuple[str, ...] = ()
     """Modules the worker imports at start (where tasks are defined)."""
@@ -249,6 +253,10 @@ class Settings:
             raise ConfigurationError(
                 f"worker_concurrency must be >= 1, got {self.worker_concurrency!r}"
             )
+        if not self.result_chord_retry_interval > 0:
+            raise ConfigurationError(
+                f"result_chord_retry_interval must be > 0 seconds, got "
+                f"{self.result_chord_retry_interval!r}")
         if not 0 <= self.task_redelivery_delay <= 3600:
             raise ConfigurationError(
                 f"task_redelivery_delay must be 0-3600 seconds, got "

@@ -1,7 +1,9 @@
 """Results in the tables of Celery's SQLAlchemy backend on PostgreSQL
 (``db+postgresql://``): a Celery worker's results read by celeriac and a celeriac
-worker's read by a Celery client, failures and extended fields included. The broker is
-Redis in kombu's layout (database 6); the tables live in database ``celeriac_compat``."""
+worker's read by a Celery client, failures and extended fields included; saved groups
+restored by the other side; chords completed by ``celery.chord_unlock`` (Celery's way on
+this backend) whichever side sent them and whichever worker polls. The broker is Redis
+in kombu's layout (database 6); the tables live in database ``celeriac_compat``."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import psycopg
 import pytest
 import redis
 
-from celeriac import Celeriac
+from celeriac import Celeriac, GroupResult, chord, group, signature
 from tests.compat.conftest import CeleryError
 from tests.services import require
 
@@ -35,14 +37,15 @@ def fleet(fleet_factory: Any) -> Any:
     with psycopg.connect(RESULTS.replace("db+", ""), autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS celery_taskmeta, celery_tasksetmeta, "
                      "celeriac_chord_parts, celeriac_chords")
-    theirs = {"COMPAT_BROKER": BROKER, "COMPAT_BACKEND": RESULTS, "COMPAT_EXTENDED": "1"}
+    theirs = {"COMPAT_BROKER": BROKER, "COMPAT_BACKEND": RESULTS, "COMPAT_EXTENDED": "1",
+              "COMPAT_COUNTER": BROKER}
     ours = {"COMPAT_BROKER": f"{BROKER}?layout=kombu", "COMPAT_BACKEND": RESULTS,
-            "COMPAT_EXTENDED": "1"}
+            "COMPAT_EXTENDED": "1", "COMPAT_COUNTER": BROKER}
     # Celery creates its tables first (as in a running deployment).
     fleet_factory.celery = fleet_factory.client(theirs)
     fleet_factory.celery.run("proj.app.backend.ResultSession(); out = 1")
-    fleet_factory.celery_worker(theirs, "pg-celery", "to_celery")
-    fleet_factory.celeriac_worker(ours, "pg-celeriac", "to_celeriac", "-c", "1")
+    fleet_factory.celery_worker(theirs, "pg-celery", "to_celery,mixed")
+    fleet_factory.celeriac_worker(ours, "pg-celeriac", "to_celeriac,mixed", "-c", "1")
     return fleet_factory
 
 
@@ -70,3 +73,57 @@ def test_celery_reads_celeriacs_results(fleet: Any) -> None:
     with pytest.raises(CeleryError, match="ValueError: worse"):
         fleet.celery.run("proj.boom.apply_async(('worse',), queue='to_celeriac')"
                          ".get(timeout=20)")
+
+
+def test_groups_saved_by_one_side_are_restored_by_the_other(app: Celeriac, fleet: Any
+                                                            ) -> None:
+    ours = group(signature("compat.who", (i,), app=app).set(queue="to_celeriac")
+                 for i in range(3)).apply_async()
+    ours.save()
+    out = fleet.celery.run(f"g = app.GroupResult.restore({ours.id!r})\n"
+                           "out = g.get(timeout=20)")
+    assert out == [["celeriac", i] for i in range(3)]
+    gid = fleet.celery.run("g = group(proj.who.s(i).set(queue='to_celery') "
+                           "for i in range(3)).apply_async()\n"
+                           "g.save()\nout = g.id")
+    theirs = GroupResult.restore(gid, app=app)
+    assert theirs is not None and theirs.get(timeout=20) == [["celery", i] for i in range(3)]
+
+
+def test_mixed_chords_complete_once_from_either_side(app: Celeriac, fleet: Any) -> None:
+    """Header tasks alternate between the fleets; the chord_unlock task and the body go
+    to a queue both consume, so either side polls. Each body runs once."""
+    ours = []
+    for n in range(4):
+        header = group(signature("compat.add", (n, i), app=app).set(
+            queue="to_celery" if i % 2 else "to_celeriac") for i in range(4))
+        body = signature("compat.count_total", kwargs={"key": f"pg:ours:{n}"}, app=app)
+        ours.append(chord(header)(body.set(queue="mixed")))
+    out = fleet.celery.run(
+        "rs = [chord(group(proj.add.s(n, i).set(queue='to_celery' if i % 2 "
+        "else 'to_celeriac') for i in range(4)))(proj.count_total.s(key=f'pg:theirs:{n}')"
+        ".set(queue='mixed')) for n in range(4)]\n"
+        "out = [r.get(timeout=60) for r in rs]", 90)
+    assert out == [4 * n + 6 for n in range(4)]
+    assert [r.get(timeout=60) for r in ours] == [4 * n + 6 for n in range(4)]
+    runs = redis.Redis(db=DB).mget([f"pg:{side}:{n}" for side in ("ours", "theirs")
+                                    for n in range(4)])
+    assert runs == [b"1"] * 8
+
+
+def test_a_failed_header_task_fails_the_chord_on_both_sides(app: Celeriac, fleet: Any
+                                                           ) -> None:
+    header = [signature("compat.add", (1, 1), app=app).set(queue="to_celery"),
+              signature("compat.boom", ("header",), app=app).set(queue="to_celeriac")]
+    r = chord(header)(signature("compat.total", app=app).set(queue="mixed"))
+    with pytest.raises(Exception) as failed:  # whichever side polled
+        r.get(timeout=30)
+    # celeriac's ChordError, or Celery's (rebuilt by name) when a Celery worker polled.
+    assert "ChordError" in f"{type(failed.value).__name__}: {failed.value}"
+    assert "header" in str(failed.value)
+    out = fleet.celery.run("r = chord([proj.add.s(1, 1).set(queue='to_celeriac'), "
+                           "proj.boom.s('header').set(queue='to_celery')])("
+                           "proj.total.s().set(queue='mixed'))\n"
+                           "r.get(timeout=30, propagate=False)\n"
+                           "out = [r.state, type(r.result).__name__, str(r.result)]", 60)
+    assert out[:2] == ["FAILURE", "ChordError"] and "header" in out[2]

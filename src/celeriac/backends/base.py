@@ -81,6 +81,10 @@ class ResultBackend(abc.ABC):
     chord_sizes_stored: ClassVar[bool] = False
     """True when producers store each chord's size here (Celery's Redis layout), so a
     header task's message may carry its chord without ``chord_size``."""
+    chords_by_unlock: ClassVar[bool] = False
+    """True when chords complete as Celery's do on a backend with no atomic counter (its
+    database layout): header tasks only store their results, and the producer sends a
+    ``celery.chord_unlock`` task that polls them and sends the body (``builtins.py``)."""
     network: ClassVar[bool] = True
     """True when a store waits on the network: the worker's event loop hands it to a
     thread rather than stall on it (heartbeats must go on while a server is slow)."""

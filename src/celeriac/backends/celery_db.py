@@ -19,10 +19,16 @@ and function, so reading one runs nothing, and a pickled object that is not plai
 raises ``DecodeError``. Only columns the table has are written (a table Celery made
 without ``result_extended`` has no extended columns).
 
-Not Celery's, beside its tables: ``celeriac_chords`` and ``celeriac_chord_parts`` (celeriac
-counts chords in them; Celery's database backend polls with ``celery.chord_unlock``
-instead, so a chord sent by a Celery client on this backend is not counted by celeriac
-workers). Waiting polls every 0.1 s (Celery's backend polls too; there is no NOTIFY).
+``GroupResult.save`` writes Celery's ``celery_tasksetmeta`` row (``result`` the JSON of
+the group's ``as_tuple()``), so either side restores the other's groups.
+
+Chords complete as Celery completes them on this backend: by ``celery.chord_unlock``, a
+task that polls the header's results and sends the body (``chords_by_unlock``; the
+producer sends it, a Celery or a celeriac worker runs it). Header tasks only store their
+results. Not Celery's, beside its tables: ``celeriac_chords`` and ``celeriac_chord_parts``,
+where a chord body's claim is kept (``followups.claimed``: a body sent twice runs once
+on celeriac workers). Waiting polls every 0.1 s (Celery's backend polls too; there is
+no NOTIFY).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import orjson
 import psycopg
 
 from ..errors import BrokerUnavailable, DecodeError
+from ..result import GROUP_KEY_PREFIX, tuple_id
 from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
@@ -91,6 +98,7 @@ def _value(stored: Any) -> Any:
 
 class CeleryDatabaseBackend(ResultBackend):
     scheme = "db+postgresql"
+    chords_by_unlock = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -126,6 +134,10 @@ class CeleryDatabaseBackend(ResultBackend):
 
     # -- writing ------------------------------------------------------------------------
     def store_many(self, items: Sequence[Stored]) -> None:
+        groups = [item for item in items if item.task_id.startswith(GROUP_KEY_PREFIX)]
+        if groups:
+            self._save_groups(groups)
+            items = [item for item in items if not item.task_id.startswith(GROUP_KEY_PREFIX)]
         if not items:
             return
         conn = self._conn()
@@ -141,6 +153,23 @@ class CeleryDatabaseBackend(ResultBackend):
         rows = [self._row(item, extended) for item in items]
         with conn.transaction(), conn.cursor() as cur:
             cur.executemany(sql, rows)
+
+    def _save_groups(self, groups: Sequence[Stored]) -> None:
+        """celeriac's ``GroupResult.save`` as Celery's ``_save_group``: the group's
+        ``as_tuple()`` in ``celery_tasksetmeta``."""
+        rows = []
+        for item in groups:
+            group_id = item.task_id[len(GROUP_KEY_PREFIX):]
+            ids = (orjson.loads(item.data).get("result") or {}).get("results") or []
+            value = orjson.dumps([[group_id, None], [[[i, None], None] for i in ids]])
+            rows.append((group_id, value))
+        conn = self._conn()
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO celery_tasksetmeta (id, taskset_id, result, date_done) VALUES "
+                "(nextval('taskset_id_sequence'), %s, %s, now() at time zone 'utc') "
+                "ON CONFLICT (taskset_id) DO UPDATE SET result = EXCLUDED.result, "
+                "date_done = EXCLUDED.date_done", rows)
 
     def _row(self, item: Stored, extended: list[str]) -> list[Any]:
         meta = orjson.loads(item.data)
@@ -159,20 +188,26 @@ class CeleryDatabaseBackend(ResultBackend):
 
     # -- reading ------------------------------------------------------------------------
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        groups = [t for t in task_ids if t.startswith(GROUP_KEY_PREFIX)]
+        if groups:
+            found = self._groups(groups)
+            rest = [t for t in task_ids if not t.startswith(GROUP_KEY_PREFIX)]
+            return {**found, **self._get(rest)} if rest else found
         if not task_ids:
             return {}
         conn = self._conn()
         assert self._columns is not None
         extended = [c for c in EXTENDED if c in self._columns]
+        children = "children" if "children" in self._columns else "NULL"
         rows = conn.execute(
-            f"SELECT task_id, status, result, traceback, date_done"
+            f"SELECT task_id, status, result, traceback, date_done, {children}"
             f"{''.join(', ' + c for c in extended)} FROM celery_taskmeta "
             f"WHERE task_id = ANY(%s)", (list(task_ids),)).fetchall()
         out: dict[str, tuple[str, bytes]] = {}
         for row in rows:
-            task_id, status, result, tb, done = row[:5]
+            task_id, status, result, tb, done, sent = row[:6]
             try:
-                value = _value(result)
+                value, sent = _value(result), _value(sent)
             except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError) as exc:
                 raise DecodeError(f"the result of {task_id} in celery_taskmeta is neither "
                                   f"JSON nor a pickle of plain data ({exc}); use "
@@ -180,8 +215,8 @@ class CeleryDatabaseBackend(ResultBackend):
             meta: dict[str, Any] = {
                 "status": status, "result": value, "traceback": tb,
                 "date_done": done.replace(tzinfo=UTC).isoformat() if done else None,
-                "task_id": task_id}
-            for name, field in zip(extended, row[5:], strict=True):
+                "task_id": task_id, "children": sent or []}
+            for name, field in zip(extended, row[6:], strict=True):
                 meta[name] = orjson.loads(field) if name in ("args", "kwargs") and \
                     field is not None else field
             if meta.get("name") is None:
@@ -190,22 +225,49 @@ class CeleryDatabaseBackend(ResultBackend):
             out[task_id] = ("application/json", orjson.dumps(meta))
         return out
 
+    def _groups(self, keys: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        """Saved groups in celeriac's shape (``GroupResult.restore``), from Celery's rows."""
+        by_id = {key[len(GROUP_KEY_PREFIX):]: key for key in keys}
+        rows = self._conn().execute(
+            "SELECT taskset_id, result FROM celery_tasksetmeta WHERE taskset_id = ANY(%s)",
+            (list(by_id),)).fetchall()
+        out: dict[str, tuple[str, bytes]] = {}
+        for group_id, stored in rows:
+            try:
+                ids = [tuple_id(node) for node in _value(stored)[1]]
+            except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError,
+                    IndexError, TypeError) as exc:
+                logger.warning("group %s: its celery_tasksetmeta row is unreadable: %s",
+                               group_id, exc)
+                continue
+            out[by_id[group_id]] = ("application/json", orjson.dumps({
+                "status": "SUCCESS", "task_id": group_id,
+                "result": {"group_id": group_id, "results": ids}}))
+        return out
+
     def _wait(self, timeout: float) -> None:
         time.sleep(max(min(timeout, _POLL), 0.0))
 
     def forget(self, task_id: str) -> None:
+        if task_id.startswith(GROUP_KEY_PREFIX):
+            self._conn().execute("DELETE FROM celery_tasksetmeta WHERE taskset_id = %s",
+                                 (task_id[len(GROUP_KEY_PREFIX):],))
+            return
         self._conn().execute("DELETE FROM celery_taskmeta WHERE task_id = %s", (task_id,))
 
     def cleanup(self) -> int:
         expires = self.settings.result_expires
         if not expires:
             return 0
-        cur = self._conn().execute(
-            "DELETE FROM celery_taskmeta WHERE date_done < "
-            "(now() at time zone 'utc') - make_interval(secs => %s)", (float(expires),))
-        return cur.rowcount
+        conn, removed = self._conn(), 0
+        for table in ("celery_taskmeta", "celery_tasksetmeta"):  # as Celery's cleanup
+            removed += conn.execute(
+                f"DELETE FROM {table} WHERE date_done < "
+                "(now() at time zone 'utc') - make_interval(secs => %s)",
+                (float(expires),)).rowcount
+        return removed
 
-    # -- chords (celeriac's own tables; Celery polls with chord_unlock here) -------------
+    # -- claims of chord bodies (celeriac's own tables) ----------------------------------
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         conn = self._conn()
         with conn.transaction():

@@ -43,7 +43,7 @@ import orjson
 from .. import states
 from ..errors import ConfigurationError
 from ..redisclient import Connector
-from ..result import GROUP_KEY_PREFIX
+from ..result import GROUP_KEY_PREFIX, tuple_id
 from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ class CeleryRedisBackend(ResultBackend):
         ids = self._members.get(group_id)
         if ids is None and value is not None:
             try:
-                ids = [_first_id(node) for node in orjson.loads(value)["result"][1]]
+                ids = [tuple_id(node) for node in orjson.loads(value)["result"][1]]
             except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
                 logger.warning("group %s: Celery's saved group is unreadable: %s",
                                group_id, exc)
@@ -320,10 +320,3 @@ def _set(pipe: Any, key: str, value: bytes, expires_at: float | None, now: float
 
 def _ms(expires_at: float, now: float) -> int:
     return max(1, math.ceil((expires_at - now) * 1000))
-
-
-def _first_id(node: Any) -> str:
-    """The task id of a result tuple ``[[id, parent], children]`` (or a bare id)."""
-    while isinstance(node, list):
-        node = node[0]
-    return str(node)

@@ -298,7 +298,9 @@ class chord(Signature):
     group id; the member ids are saved under the group id (``GroupResult.save``). Where a
     header task ends, the worker counts it in the result backend (``chord_part``: one
     atomic operation, idempotent per task id); the one count that completes the chord
-    sends the body, or stores ``ChordError`` for it if a header task failed."""
+    sends the body, or stores ``ChordError`` for it if a header task failed. On a backend
+    with ``chords_by_unlock`` (Celery's database layout) a ``celery.chord_unlock`` task
+    goes with the header instead, and polls it (Celery's way there)."""
 
     def __init__(self, header: Iterable[Any], body: Mapping[str, Any] | None = None, *,
                  app: Celeriac | None = None, **options: Any) -> None:
@@ -365,10 +367,27 @@ class chord(Signature):
         # Saved before any header task can finish: the worker that completes the chord
         # reads the member ids (in order) from here.
         header_result.save()
+        if self.app.backend.chords_by_unlock:
+            items.append(self._unlock(group_id, carried, header_result))
         self.app.publish_prepared(items, chunk_size=GROUP_CHUNK, retry=retry,
                                   retry_policy=policy)
         body_result.parent = header_result
         return body_result
+
+    def _unlock(self, group_id: str, body: Mapping[str, Any], header: GroupResult) -> Any:
+        """Celery's ``fallback_chord_unlock``: the ``celery.chord_unlock`` message that
+        polls the header's results (every ``result_chord_retry_interval``, the first time
+        after a second) and sends the body, routed and prioritised as the body is."""
+        options = body.get("options") or {}
+        own = self.app.tasks.get(body["task"])
+        queue = options.get("queue") or (own.options.queue if own else None) \
+            or self.app.route(body["task"])
+        unlock = Signature("celery.chord_unlock", (group_id, body), {
+            "interval": None, "max_retries": None,
+            "result": [r.as_tuple() for r in header.results]}, app=self.app)
+        item, _ = unlock._outgoing(None, None, {
+            "countdown": 1, "queue": queue, "priority": options.get("priority")})
+        return item
 
     def freeze(self, task_id: str | None = None,
                **options: Any) -> AsyncResult[Any]:

@@ -194,8 +194,9 @@ def _begin(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: st
         args, kwargs, raw_embed = decode_body(serialization.loads(body, content_type, accept))
         embed = raw_embed if raw_embed and _asks(raw_embed) else None
         if embed is not None:
-            followups.check_embed(embed, headers.get("group"),
-                                  sizes_stored=app.backend.chord_sizes_stored)
+            # A chord polled by celery.chord_unlock needs no size in its header tasks.
+            followups.check_embed(embed, headers.get("group"), sizes_stored=(
+                app.backend.chord_sizes_stored or app.backend.chords_by_unlock))
     except DecodeError as exc:
         logger.error("Task %s[%s] dead-lettered: %s", task.name, task_id, exc)
         # Its FAILURE is stored too: a caller in get() learns why at once. (The state

@@ -15,7 +15,9 @@ ids frozen when the chain was sent, so a repeat is the same task, not a new one.
 - ``chord`` (on a header task, with the group id in its ``group`` header): the task's
   result is stored first, then counted in the result backend (``chord_part``: atomic,
   idempotent per task id); the one count that completes the chord sends the body with
-  the header's results in member order, or stores ``ChordError`` for it.
+  the header's results in member order, or stores ``ChordError`` for it. On a backend
+  with ``chords_by_unlock`` (Celery's database layout) the result is only stored: the
+  ``celery.chord_unlock`` task the producer sent polls the results and sends the body.
 """
 
 from __future__ import annotations
@@ -135,6 +137,9 @@ def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str,
     the body (or store its ``ChordError``)."""
     group_id = request.group
     assert group_id is not None  # check_embed refuses a chord without one
+    if app.backend.chords_by_unlock:
+        app.backend.store_many([part])  # celery.chord_unlock polls for it
+        return
     if app.backend.store_part(part, group_id, _size(body),
                               index=request.headers.get("group_index")):
         logger.info("Task %s[%s] completed chord %s: sending its body %s", request.task,
@@ -147,12 +152,18 @@ def _fire(app: Celeriac, group_id: str, body: Mapping[str, Any],
     from ..result import GroupResult
 
     saved = GroupResult.restore(group_id, app=app)
-    body_id = (body.get("options") or {}).get("task_id")
     if saved is None:
-        return _fail(app, body, body_id, lineage,
+        return _fail(app, body, (body.get("options") or {}).get("task_id"), lineage,
                      f"chord {group_id}: its member list is gone (expired?)")
     ids = [r.id for r in saved.results]
-    metas = app.backend.get_many(ids)
+    fire_body(app, body, ids, app.backend.get_many(ids), lineage)
+
+
+def fire_body(app: Celeriac, body: Mapping[str, Any], ids: Sequence[str],
+              metas: Mapping[str, Any], lineage: Mapping[str, Any]) -> None:
+    """Send a complete chord's body with its header's results (``ids`` in member order,
+    ``metas`` their stored results), or store ``ChordError`` for it if one failed."""
+    body_id = (body.get("options") or {}).get("task_id")
     for task_id in ids:
         meta = metas.get(task_id)
         if meta is None or meta.state != states.SUCCESS:
@@ -177,6 +188,12 @@ def claimed(app: Celeriac, task_id: str, claim: str) -> bool:
     body's id (its redeliveries keep the claim); a second copy, sent by a re-run of the
     task that completed the chord, is not run. The claim is counted as a chord of one."""
     return app.backend.chord_part(f"chord-body:{task_id}", claim, 1)
+
+
+def fail_body(app: Celeriac, body: Mapping[str, Any], lineage: Mapping[str, Any],
+              reason: str) -> None:
+    """Store ``ChordError(reason)`` for a chord's body that will never be sent."""
+    _fail(app, body, (body.get("options") or {}).get("task_id"), lineage, reason)
 
 
 def _fail(app: Celeriac, body: Mapping[str, Any], body_id: str | None,
