@@ -1,7 +1,7 @@
 """The celeriac side of the compatibility tests: the tasks of ``celery_proj.py``, under
 the same names, in a celeriac app. Configured from the environment: ``COMPAT_BROKER``,
 ``COMPAT_BACKEND`` (celeriac's compatibility URLs: ``?layout=kombu``, ``?layout=celery``,
-``db+postgresql://``)."""
+``db+postgresql://``), ``COMPAT_KEYPREFIX`` (kombu's and Celery's ``global_keyprefix``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from typing import Any
 
 from celeriac import Celeriac
 
+_PREFIX = {"global_keyprefix": os.environ["COMPAT_KEYPREFIX"]} \
+    if os.environ.get("COMPAT_KEYPREFIX") else {}
 app = Celeriac("compat", broker=os.environ["COMPAT_BROKER"],
                backend=os.environ["COMPAT_BACKEND"],
                result_extended=os.environ.get("COMPAT_EXTENDED") == "1",
-               worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")))
+               worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")),
+               broker_transport_options=_PREFIX, result_backend_transport_options=_PREFIX)
 
 
 @app.task(name="compat.add")

@@ -3,7 +3,8 @@ virtualenv (``tests/.venv-celery``) as ``celery -A celery_proj worker`` and by
 ``celery_driver.py``. Its tasks have the names of ``celeriac_proj.py``'s, so either
 fleet runs what the other sends; ``compat.who`` tells which one ran a task.
 
-Configured from the environment: ``COMPAT_BROKER``, ``COMPAT_BACKEND``."""
+Configured from the environment: ``COMPAT_BROKER``, ``COMPAT_BACKEND``,
+``COMPAT_KEYPREFIX`` (``global_keyprefix`` of the broker and the result backend)."""
 
 import os
 import time
@@ -12,6 +13,10 @@ from celery import Celery
 
 app = Celery("compat", broker=os.environ["COMPAT_BROKER"],
              backend=os.environ["COMPAT_BACKEND"])
+if os.environ.get("COMPAT_KEYPREFIX"):
+    app.conf.broker_transport_options = {"global_keyprefix": os.environ["COMPAT_KEYPREFIX"]}
+    app.conf.result_backend_transport_options = {
+        "global_keyprefix": os.environ["COMPAT_KEYPREFIX"]}
 app.conf.update(
     result_extended=os.environ.get("COMPAT_EXTENDED") == "1",
     worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")),

@@ -154,9 +154,9 @@ def test_kombu_options_and_exchange_names_other_than_celerys_are_refused() -> No
     from celeriac.errors import ConfigurationError
     from celeriac.transports.kombu_pubsub import check_options, database
 
-    check_options({"fanout_prefix": True, "visibility_timeout": 10})
-    for bad in ({"fanout_prefix": False}, {"fanout_patterns": False},
-                {"global_keyprefix": "app:"}):
+    check_options({"fanout_prefix": True, "visibility_timeout": 10,
+                   "global_keyprefix": "app:"})  # kombu's prefix is spoken (test_keyprefix)
+    for bad in ({"fanout_prefix": False}, {"fanout_patterns": False}):
         with pytest.raises(ConfigurationError, match=next(iter(bad))):
             check_options(bad)
     assert database("redis://h:6379/7?layout=kombu") == 7

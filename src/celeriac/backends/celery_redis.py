@@ -27,12 +27,17 @@ deletes ``.j``/``.t``/``.s`` instead.
 
 Waiting: a thread that waits subscribes to ``celery-task-meta-*`` (PSUBSCRIBE) and reads
 a result again when its notification arrives; nothing polls.
+
+``result_backend_transport_options={"global_keyprefix": "x"}`` puts ``x_`` (Celery adds
+the ``_`` unless the prefix ends in one of ``:_-.``) in front of every one of these keys,
+as Celery's backend does.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -119,6 +124,18 @@ class CeleryRedisBackend(ResultBackend):
         urls = [split_options(u)[0] for u in url.split(";") if u.strip()]
         self.conn = Connector(urls, settings, "result backend",
                               read_timeout=settings.broker_connection_timeout + 1.0)
+        prefix = (settings.result_backend_transport_options or {}).get("global_keyprefix")
+        prefix = prefix or ""
+        if not isinstance(prefix, str):
+            raise ConfigurationError(f"result_backend_transport_options['global_keyprefix'] "
+                                     f"must be a string, got {prefix!r}")
+        if prefix and prefix[-1] not in ":_-.":
+            prefix += "_"  # Celery's rule (``_add_global_keyprefix``)
+        self.task_prefix = prefix + TASK_PREFIX
+        self.group_prefix = prefix + GROUP_PREFIX
+        self.fired_prefix = prefix + FIRED_PREFIX
+        self.done_prefix = prefix + DONE_PREFIX
+        self.claim_prefix = prefix + CLAIM_PREFIX
         self._local = threading.local()
         self._members: dict[str, list[str]] = {}
         """Header task ids of chords this process fired, in order (``GroupResult.restore``
@@ -153,7 +170,7 @@ class CeleryRedisBackend(ResultBackend):
                         self._save_group(pipe, task_id[len(GROUP_KEY_PREFIX):], data,
                                          expires_at, now)
                         continue
-                    key = TASK_PREFIX + task_id
+                    key = self.task_prefix + task_id
                     _set(pipe, key, data, expires_at, now)
                     pipe.publish(key, data)
                 pipe.execute()
@@ -166,7 +183,7 @@ class CeleryRedisBackend(ResultBackend):
         chord producer sets (``set_chord_size``) so Celery workers can count it."""
         ids = (orjson.loads(data).get("result") or {}).get("results") or []
         value = orjson.dumps({"result": [[group_id, None], [[[i, None], None] for i in ids]]})
-        key = GROUP_PREFIX + group_id
+        key = self.group_prefix + group_id
         _set(pipe, key, value, expires_at, now)
         pipe.publish(key, value)
         _set(pipe, f"{key}.s", str(len(ids)).encode(), expires_at, now)
@@ -175,8 +192,8 @@ class CeleryRedisBackend(ResultBackend):
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         if not task_ids:
             return {}
-        keys = [GROUP_PREFIX + t[len(GROUP_KEY_PREFIX):] if t.startswith(GROUP_KEY_PREFIX)
-                else TASK_PREFIX + t for t in task_ids]
+        keys = [self.group_prefix + t[len(GROUP_KEY_PREFIX):] if t.startswith(GROUP_KEY_PREFIX)
+                else self.task_prefix + t for t in task_ids]
         values = cast("list[bytes | None]", self.conn.call(lambda c, ns: c.mget(keys)))
         out: dict[str, tuple[str, bytes]] = {}
         for task_id, value in zip(task_ids, values, strict=True):
@@ -205,8 +222,8 @@ class CeleryRedisBackend(ResultBackend):
                              {"group_id": group_id, "results": ids}})
 
     def forget(self, task_id: str) -> None:
-        key = GROUP_PREFIX + task_id[len(GROUP_KEY_PREFIX):] \
-            if task_id.startswith(GROUP_KEY_PREFIX) else TASK_PREFIX + task_id
+        key = self.group_prefix + task_id[len(GROUP_KEY_PREFIX):] \
+            if task_id.startswith(GROUP_KEY_PREFIX) else self.task_prefix + task_id
         self.conn.call(lambda client, ns: client.delete(key))
 
     def cleanup(self) -> int:
@@ -219,7 +236,7 @@ class CeleryRedisBackend(ResultBackend):
 
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         if group_id.startswith(_BODY_CLAIM):
-            key = CLAIM_PREFIX + group_id[len(_BODY_CLAIM):]
+            key = self.claim_prefix + group_id[len(_BODY_CLAIM):]
             ttl = self._ttl() or 86400 * 365
             return int(self.conn.call(lambda client, ns: client.register_script(CLAIM)(
                 keys=[key], args=[task_id, ttl], client=client))) == 1
@@ -237,9 +254,9 @@ class CeleryRedisBackend(ResultBackend):
         score = "+inf" if index is None else str(index)
         value, px = (b"", 0) if part is None else (part.data, 0 if part.expires_at is None
                                                     else _ms(part.expires_at, time.time()))
-        group = GROUP_PREFIX + group_id
-        keys = [TASK_PREFIX + task_id, f"{group}.j", f"{group}.t", f"{group}.s",
-                FIRED_PREFIX + group_id, DONE_PREFIX + group_id]
+        group = self.group_prefix + group_id
+        keys = [self.task_prefix + task_id, f"{group}.j", f"{group}.t", f"{group}.s",
+                self.fired_prefix + group_id, self.done_prefix + group_id]
 
         def run(client: redis.Redis, ns: str) -> Any:
             return client.register_script(STORE_PART)(
@@ -283,7 +300,7 @@ class CeleryRedisBackend(ResultBackend):
         if listener is None:
             def subscribe(client: redis.Redis, ns: str) -> Any:
                 pubsub = client.pubsub()  # type: ignore[no-untyped-call]
-                pubsub.psubscribe(TASK_PREFIX + "*")
+                pubsub.psubscribe(_glob_escape(self.task_prefix) + "*")
                 return pubsub
 
             listener = self._local.listener = self.conn.call(subscribe)
@@ -298,7 +315,7 @@ class CeleryRedisBackend(ResultBackend):
             remaining = max(deadline - time.monotonic(), 0.0)
             msg = listener.get_message(timeout=remaining)
             if msg is not None and msg["type"] == "pmessage":
-                seen.append(msg["channel"].decode()[len(TASK_PREFIX):])
+                seen.append(msg["channel"].decode()[len(self.task_prefix):])
                 deadline = 0.0  # one arrived: take the rest without waiting
             elif msg is None and remaining <= 0:
                 return
@@ -320,3 +337,8 @@ def _set(pipe: Any, key: str, value: bytes, expires_at: float | None, now: float
 
 def _ms(expires_at: float, now: float) -> int:
     return max(1, math.ceil((expires_at - now) * 1000))
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally in a PSUBSCRIBE pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

@@ -49,11 +49,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celeriac.transports.kombu_pubsub")
 
-BINDING_DEADLINES = "_kombu.binding_deadlines"
-
 ROUTE = """
 -- kombu's direct exchange: LPUSH the envelope to each queue bound by the routing key.
--- ARGV: binding set, separator, routing key, envelope, expiry of the list (ms).
+-- ARGV: binding set, separator, routing key, envelope, expiry of the list (ms), the
+-- global key prefix (queue names in bindings are unprefixed; their lists are not).
 local sep = ARGV[2]
 local n = 0
 for _, member in ipairs(redis.call('SMEMBERS', ARGV[1])) do
@@ -61,7 +60,7 @@ for _, member in ipairs(redis.call('SMEMBERS', ARGV[1])) do
   if a and string.sub(member, 1, a - 1) == ARGV[3] then
     local b = string.find(member, sep, a + #sep, true)
     if b then
-      local queue = string.sub(member, b + #sep)
+      local queue = ARGV[6] .. string.sub(member, b + #sep)
       redis.call('LPUSH', queue, ARGV[4])
       redis.call('PEXPIRE', queue, ARGV[5])
       n = n + 1
@@ -80,7 +79,7 @@ redis.call('ZADD', KEYS[2], 'GT', ms + tonumber(ARGV[3]), ARGV[2])
 """
 
 
-KOMBU_DEFAULTS = {"fanout_prefix": True, "fanout_patterns": True, "global_keyprefix": ""}
+KOMBU_DEFAULTS = {"fanout_prefix": True, "fanout_patterns": True}
 """kombu's Redis transport options that move where Celery's clients publish and listen;
 only their defaults (kombu 4 and later) are spoken here."""
 
@@ -105,11 +104,13 @@ def database(url: str) -> int:
 
 
 class RedisExchanges(KombuExchanges):
-    """kombu's fanout and direct exchanges on the Redis of ``conn`` (database ``db``)."""
+    """kombu's fanout and direct exchanges on the Redis of ``conn`` (database ``db``),
+    under ``keys``' global key prefix (which kombu puts on channel names too)."""
 
-    def __init__(self, conn: Connector, db: int) -> None:
+    def __init__(self, conn: Connector, db: int, keys: kw.Keys | None = None) -> None:
         self.conn = conn
-        self.prefix = f"/{db}."
+        self.keys = keys or kw.Keys()
+        self.prefix = f"{self.keys.prefix}/{db}."
         self._pubsub_denied = False
 
     def topic(self, exchange: Exchange, routing_key: str) -> str:
@@ -122,8 +123,9 @@ class RedisExchanges(KombuExchanges):
                 headers: Mapping[str, Any]) -> None:
         raw = kw.broadcast_envelope(body, headers, exchange.name, routing_key)
         if exchange.type == "direct":
-            args: list[str | bytes | int] = [kw.BINDING.format(exchange.name), kw.SEP,
-                                             routing_key, raw, pidbox.REPLY_EXPIRES_MS]
+            args: list[str | bytes | int] = [self.keys.binding(exchange.name), kw.SEP,
+                                             routing_key, raw, pidbox.REPLY_EXPIRES_MS,
+                                             self.keys.prefix]
             self.conn.call(lambda client, ns: client.register_script(ROUTE)(
                 keys=[], args=args, client=client))
             return
@@ -183,12 +185,12 @@ class RedisExchanges(KombuExchanges):
 
     async def consume(self, exchange: Exchange, routing_key: str, queue: str
                       ) -> Subscription:
-        table = kw.BINDING.format(exchange.name)
+        table = self.keys.binding(exchange.name)
         member = kw.SEP.join([routing_key, "", queue])
         await self.conn.acall(lambda client, ns: client.register_script(BIND)(
-            keys=[table, BINDING_DEADLINES],
+            keys=[table, self.keys.binding_deadlines],
             args=[member, exchange.name, pidbox.REPLY_BINDING_TTL_MS], client=client))
-        return _ReplyList(self.conn, table, member, queue)
+        return _ReplyList(self.conn, table, member, self.keys.queue(queue))
 
 
 class _Fanout(Subscription):

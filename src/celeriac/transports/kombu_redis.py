@@ -113,13 +113,19 @@ class KombuRedisTransport(RedisTransport):
                                      f"{raw!r}") from None
         if self.visibility_timeout <= 0:
             raise ConfigurationError(f"visibility_timeout must be positive, got {raw!r}")
+        prefix = topts.get("global_keyprefix") or ""
+        if not isinstance(prefix, str):
+            raise ConfigurationError(f"broker_transport_options['global_keyprefix'] must be "
+                                     f"a string, got {prefix!r}")
+        self.keys = kw.Keys(prefix)
         self.conn = Connector(plain, settings, "broker",
                               read_timeout=settings.broker_connection_timeout)
         self._pubsub_denied = False
         self._bound: set[str] = set()
         self._holding: dict[str, Held] = {}
         self._poll = _POLL_MIN
-        self.channels = CeleryChannels(RedisExchanges(self.conn, database(plain[0])))
+        self.channels = CeleryChannels(RedisExchanges(self.conn, database(plain[0]),
+                                                      self.keys))
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -134,7 +140,7 @@ class KombuRedisTransport(RedisTransport):
             if item.delay and item.delay > 0 and message.headers.get("eta") is None:
                 due = utcnow().timestamp() + item.delay
                 message = message.with_headers(eta=_iso(due))
-            key = kw.list_key(item.queue, message.priority)
+            key = self.keys.list_key(item.queue, message.priority)
             raw = kw.envelope(item.queue, message)
             if item.delay and item.delay > 0 and self.consumer_id is not None:
                 # A worker parking a message (a foreign eta, a loss's backoff): in our
@@ -147,8 +153,8 @@ class KombuRedisTransport(RedisTransport):
         def push(client: redis.Redis, ns: str) -> None:
             pipe = client.pipeline(transaction=False)
             for queue in new:
-                pipe.sadd(kw.BINDING.format(queue), kw.binding_member(queue))
-                pipe.sadd(kw.BINDING_PERMANENT.format(queue), kw.binding_member(queue))
+                pipe.sadd(self.keys.binding(queue), kw.binding_member(queue))
+                pipe.sadd(self.keys.binding_permanent(queue), kw.binding_member(queue))
             for key, raw in pushes:
                 pipe.lpush(key, raw)
             pipe.execute()
@@ -159,9 +165,9 @@ class KombuRedisTransport(RedisTransport):
             self.conn.call(lambda client, ns: _script(client, kw.MOVE, self._move_args(parked)))
         self._bound.update(new)
 
-    @staticmethod
-    def _move_args(groups: list[Any]) -> list[Any]:
-        return [kw.UNACKED, kw.UNACKED_INDEX, kw.DELAYED, kw.DELAYED_MSGS, 0, *groups]
+    def _move_args(self, groups: list[Any]) -> list[Any]:
+        k = self.keys
+        return [k.unacked, k.unacked_index, k.delayed, k.delayed_msgs, k.seq, *groups]
 
     # -- consumer -----------------------------------------------------------------------
     async def connect(self, consumer_id: str) -> None:
@@ -201,9 +207,10 @@ class KombuRedisTransport(RedisTransport):
         names = list(dict.fromkeys(queues))
         if limit <= 0 or not names:
             return []
-        args: list[Any] = [kw.UNACKED, kw.UNACKED_INDEX, kw.DELAYED, kw.DELAYED_MSGS, limit,
-                           repr(time.time())]
-        for key, queue in kw.list_keys(names):
+        k = self.keys
+        args: list[Any] = [k.unacked, k.unacked_index, k.delayed, k.delayed_msgs, limit,
+                           repr(time.time()), k.seq]
+        for key, queue in k.list_keys(names):
             args += [key, queue]
         reply = await self.conn.acall(lambda client, ns: _ascript(client, kw.FETCH, args))
         out = []
@@ -212,7 +219,8 @@ class KombuRedisTransport(RedisTransport):
             message, env = kw.parse(raw)
             held = Held(tag, key, raw)
             self._holding[tag] = held
-            out.append(Delivery(message, kw.queue_of(key), held, kw.delivery_count(env)))
+            out.append(Delivery(message, self.keys.queue_of(key), held,
+                                kw.delivery_count(env)))
         if out:
             self._poll = _POLL_MIN
         return out
@@ -224,8 +232,8 @@ class KombuRedisTransport(RedisTransport):
 
         async def drop(client: aredis.Redis, ns: str) -> None:
             async with client.pipeline(transaction=True) as pipe:
-                pipe.zrem(kw.UNACKED_INDEX, *tags)
-                pipe.hdel(kw.UNACKED, *tags)
+                pipe.zrem(self.keys.unacked_index, *tags)
+                pipe.hdel(self.keys.unacked, *tags)
                 await pipe.execute()
 
         await self.conn.acall(drop)
@@ -257,12 +265,13 @@ class KombuRedisTransport(RedisTransport):
                                "raw": held.raw.decode("utf-8", "replace")})
 
         async def move(client: aredis.Redis, ns: str) -> None:
-            seq = int(await client.incr(kw.SEQ))
+            k = self.keys
+            seq = int(await client.incr(k.seq))
             async with client.pipeline(transaction=True) as pipe:
-                pipe.zrem(kw.UNACKED_INDEX, held.tag)
-                pipe.hdel(kw.UNACKED, held.tag)
-                pipe.hset(kw.DEAD, str(seq), record)
-                pipe.zadd(kw.DEAD_IDS, {str(seq): seq})
+                pipe.zrem(k.unacked_index, held.tag)
+                pipe.hdel(k.unacked, held.tag)
+                pipe.hset(k.dead, str(seq), record)
+                pipe.zadd(k.dead_ids, {str(seq): seq})
                 await pipe.execute()
 
         try:
@@ -278,24 +287,24 @@ class KombuRedisTransport(RedisTransport):
         held = list(self._holding)
         if held:
             await self.conn.acall(lambda client, ns: client.zadd(
-                kw.UNACKED_INDEX, dict.fromkeys(held, now), xx=True))
+                self.keys.unacked_index, dict.fromkeys(held, now), xx=True))
         return await self.conn.acall(self._restore_visible)
 
     async def _restore_visible(self, client: aredis.Redis, ns: str) -> int:
-        token = new_id()
-        if not await client.set(kw.UNACKED_MUTEX, token, nx=True, px=kw.MUTEX_EXPIRE_MS):
+        k, token = self.keys, new_id()
+        if not await client.set(k.unacked_mutex, token, nx=True, px=kw.MUTEX_EXPIRE_MS):
             return 0  # another worker (kombu's or ours) is restoring
         try:
             ceil = time.time() - self.visibility_timeout
             tags = [_text(t) for t in await client.zrangebyscore(
-                kw.UNACKED_INDEX, 0, ceil, start=0, num=_RESTORE_BATCH)]
+                k.unacked_index, 0, ceil, start=0, num=_RESTORE_BATCH)]
             if not tags:
                 return 0
-            values = await client.hmget(kw.UNACKED, tags)
+            values = await client.hmget(k.unacked, tags)
             groups: list[Any] = []
             for tag, value in zip(tags, values, strict=True):
                 if value is None:
-                    await client.zrem(kw.UNACKED_INDEX, tag)
+                    await client.zrem(k.unacked_index, tag)
                     continue
                 target = await self._target(client, _raw(value))
                 if target is None:
@@ -310,10 +319,9 @@ class KombuRedisTransport(RedisTransport):
                                self.visibility_timeout)
             return moved
         finally:
-            await _ascript(client, kw.UNLOCK, [token], keys=[kw.UNACKED_MUTEX])
+            await _ascript(client, kw.UNLOCK, [token], keys=[k.unacked_mutex])
 
-    @staticmethod
-    async def _target(client: aredis.Redis, value: bytes) -> tuple[str, bytes] | None:
+    async def _target(self, client: aredis.Redis, value: bytes) -> tuple[str, bytes] | None:
         """Where kombu's ``_lookup`` sends a restored ``[envelope, exchange, routing
         key]``: the routing key's queue (anonymous exchange), or the queues bound to it."""
         try:
@@ -326,12 +334,12 @@ class KombuRedisTransport(RedisTransport):
             return None
         queue = routing_key
         if exchange:
-            for member in await client.smembers(kw.BINDING.format(exchange)):
+            for member in await client.smembers(self.keys.binding(exchange)):
                 rkey, _, bound = _text(member).split(kw.SEP)
                 if rkey == routing_key:
                     queue = bound
                     break
-        return kw.list_key(queue, priority), raw
+        return self.keys.list_key(queue, priority), raw
 
     async def disconnect(self) -> None:
         try:
@@ -365,7 +373,7 @@ class KombuRedisTransport(RedisTransport):
     def queue_length(self, queue: str) -> int:
         def count(client: redis.Redis, ns: str) -> int:
             pipe = client.pipeline(transaction=False)
-            for key, _ in kw.list_keys([queue]):
+            for key, _ in self.keys.list_keys([queue]):
                 pipe.llen(key)
             return sum(int(n) for n in pipe.execute())
 
@@ -373,7 +381,7 @@ class KombuRedisTransport(RedisTransport):
 
     def purge(self, queue: str) -> int:
         def drop(client: redis.Redis, ns: str) -> int:
-            keys = [key for key, _ in kw.list_keys([queue])]
+            keys = [key for key, _ in self.keys.list_keys([queue])]
             pipe = client.pipeline(transaction=True)
             for key in keys:
                 pipe.llen(key)
@@ -383,14 +391,14 @@ class KombuRedisTransport(RedisTransport):
         return self.conn.call(drop)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        return self.conn.call(lambda client, ns: kw.dead_letters(client, limit)) \
+        return self.conn.call(lambda client, ns: kw.dead_letters(client, self.keys, limit)) \
             if limit > 0 else []
 
     def requeue_dead(self, ids: Sequence[int | str]) -> int:
-        return self.conn.call(lambda client, ns: kw.requeue_dead(client, ids))
+        return self.conn.call(lambda client, ns: kw.requeue_dead(client, self.keys, ids))
 
     def purge_dead(self, ids: Sequence[int | str] | None = None) -> int:
-        return self.conn.call(lambda client, ns: kw.purge_dead(client, ids))
+        return self.conn.call(lambda client, ns: kw.purge_dead(client, self.keys, ids))
 
 
 def _raw(value: Any) -> bytes:

@@ -32,6 +32,10 @@ kombu's harmlessly): ``_celeriac.kombu.delayed`` (zset, id -> due unix ms) and
 worker parks a message until its ``eta`` or a lost delivery's backoff;
 ``_celeriac.kombu.dead`` (hash, id -> JSON record) and ``_celeriac.kombu.dead.ids`` (zset,
 order of death): dead letters; ``_celeriac.kombu.seq``: ids for both.
+
+With kombu's ``global_keyprefix`` transport option every one of these names, and every
+pub/sub channel, starts with that prefix (``Keys``), as kombu's prefixing client makes
+them; the queue names inside binding members and envelopes stay unprefixed.
 """
 
 from __future__ import annotations
@@ -81,9 +85,46 @@ DELAYED_MSGS = "_celeriac.kombu.delayed.m"
 DEAD = "_celeriac.kombu.dead"
 DEAD_IDS = "_celeriac.kombu.dead.ids"
 SEQ = "_celeriac.kombu.seq"
+BINDING_DEADLINES = "_kombu.binding_deadlines"
+"""kombu 5.7: binding set -> when it expires (the reply queues' sets)."""
 COUNT_HEADER = "x-celeriac-deliveries"
 """Losses so far, carried in the message (kombu keeps no count; it only sets
 ``redelivered``), so ``task_max_deliveries`` holds on this layout too."""
+
+
+class Keys:
+    """kombu's key names under its ``global_keyprefix`` (none by default)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.unacked = prefix + UNACKED
+        self.unacked_index = prefix + UNACKED_INDEX
+        self.unacked_mutex = prefix + UNACKED_MUTEX
+        self.delayed = prefix + DELAYED
+        self.delayed_msgs = prefix + DELAYED_MSGS
+        self.dead = prefix + DEAD
+        self.dead_ids = prefix + DEAD_IDS
+        self.seq = prefix + SEQ
+        self.binding_deadlines = prefix + BINDING_DEADLINES
+
+    def binding(self, exchange: str) -> str:
+        return self.prefix + BINDING.format(exchange)
+
+    def binding_permanent(self, exchange: str) -> str:
+        return self.prefix + BINDING_PERMANENT.format(exchange)
+
+    def queue(self, name: str) -> str:
+        """The list of a queue without priority steps (a reply queue)."""
+        return self.prefix + name
+
+    def list_key(self, queue: str, priority: int) -> str:
+        return self.prefix + list_key(queue, priority)
+
+    def list_keys(self, queues: Sequence[str]) -> list[tuple[str, str]]:
+        return [(self.prefix + key, queue) for key, queue in list_keys(queues)]
+
+    def queue_of(self, key: str) -> str:
+        return queue_of(key[len(self.prefix):] if key.startswith(self.prefix) else key)
 
 
 def step(priority: int) -> int:
@@ -228,9 +269,9 @@ def redelivered(raw: bytes, *, counted: bool) -> bytes:
 
 
 # -- dead letters (celeriac's; kombu has none) ----------------------------------------------
-def dead_letters(client: redis.Redis, limit: int) -> list[DeadLetter]:
-    ids = [_text(i) for i in client.zrange(DEAD_IDS, 0, limit - 1)]
-    records = client.hmget(DEAD, ids) if ids else []
+def dead_letters(client: redis.Redis, keys: Keys, limit: int) -> list[DeadLetter]:
+    ids = [_text(i) for i in client.zrange(keys.dead_ids, 0, limit - 1)]
+    records = client.hmget(keys.dead, ids) if ids else []
     out = []
     for dead_id, record in zip(ids, records, strict=True):
         if record is None:
@@ -242,10 +283,10 @@ def dead_letters(client: redis.Redis, limit: int) -> list[DeadLetter]:
     return out
 
 
-def requeue_dead(client: redis.Redis, ids: Sequence[int | str]) -> int:
+def requeue_dead(client: redis.Redis, keys: Keys, ids: Sequence[int | str]) -> int:
     moved = 0
     for dead_id in (str(i) for i in ids):
-        record = client.hget(DEAD, dead_id)
+        record = client.hget(keys.dead, dead_id)
         if record is None:
             continue
         r = orjson.loads(record)
@@ -253,22 +294,22 @@ def requeue_dead(client: redis.Redis, ids: Sequence[int | str]) -> int:
         env.get("headers", {}).pop(COUNT_HEADER, None)  # a new delivery
         priority = int((env.get("properties") or {}).get("priority") or 0)
         pipe = client.pipeline(transaction=True)
-        pipe.lpush(list_key(r["queue"], priority), orjson.dumps(env))
-        pipe.hdel(DEAD, dead_id)
-        pipe.zrem(DEAD_IDS, dead_id)
+        pipe.lpush(keys.list_key(r["queue"], priority), orjson.dumps(env))
+        pipe.hdel(keys.dead, dead_id)
+        pipe.zrem(keys.dead_ids, dead_id)
         pipe.execute()
         moved += 1
     return moved
 
 
-def purge_dead(client: redis.Redis, ids: Sequence[int | str] | None) -> int:
+def purge_dead(client: redis.Redis, keys: Keys, ids: Sequence[int | str] | None) -> int:
     chosen = [str(i) for i in ids] if ids is not None else \
-        [_text(i) for i in client.zrange(DEAD_IDS, 0, -1)]
+        [_text(i) for i in client.zrange(keys.dead_ids, 0, -1)]
     if not chosen:
         return 0
     pipe = client.pipeline(transaction=True)
-    pipe.hdel(DEAD, *chosen)
-    pipe.zrem(DEAD_IDS, *chosen)
+    pipe.hdel(keys.dead, *chosen)
+    pipe.zrem(keys.dead_ids, *chosen)
     return int(pipe.execute()[0])
 
 
@@ -280,7 +321,7 @@ def _text(value: Any) -> str:
 # worker that dies between the BRPOP reply and its HSET loses the message.
 FETCH = """
 -- ARGV: unacked, unacked_index, delayed, delayed messages, limit, now (unix s, the
--- client's clock as kombu's), then pairs (list key, queue) in pop order.
+-- client's clock as kombu's), our id counter, then pairs (list key, queue) in pop order.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', ARGV[3], '-inf', now_ms, 'LIMIT', 0, 1000)
@@ -295,7 +336,7 @@ for _, id in ipairs(due) do
 end
 local out = {}
 local n, limit = 0, tonumber(ARGV[5])
-for i = 7, #ARGV, 2 do
+for i = 8, #ARGV, 2 do
   while n < limit do
     local item = redis.call('RPOP', ARGV[i])
     if not item then break end
@@ -307,7 +348,7 @@ for i = 7, #ARGV, 2 do
       if type(info) == 'table' then ex, rk = info.exchange, info.routing_key end
     end
     if type(tag) ~= 'string' then
-      tag = 'celeriac-untagged-' .. redis.call('INCR', '_celeriac.kombu.seq')
+      tag = 'celeriac-untagged-' .. redis.call('INCR', ARGV[7])
     end
     if type(ex) ~= 'string' then ex = '' end
     if type(rk) ~= 'string' then rk = ARGV[i + 1] end
@@ -327,7 +368,7 @@ return out
 MOVE = """
 -- Take messages out of unacked (if still there, unchanged when old is given) and put
 -- them back: RPUSH to the front of their list, or into the delay store.
--- ARGV: unacked, unacked_index, delayed, delayed messages, (unused); then groups of
+-- ARGV: unacked, unacked_index, delayed, delayed messages, our id counter; then groups of
 -- (tag or '' for a message not taken from unacked, old value or '', list key, new
 -- envelope, delay ms).
 local t = redis.call('TIME')
@@ -343,7 +384,7 @@ for i = 6, #ARGV, 5 do
     end
     local delay = tonumber(ARGV[i + 4])
     if delay > 0 then
-      local id = 'd' .. redis.call('INCR', '_celeriac.kombu.seq')
+      local id = 'd' .. redis.call('INCR', ARGV[5])
       redis.call('HSET', ARGV[4], id, ARGV[i + 2] .. '\\n' .. ARGV[i + 3])
       redis.call('ZADD', ARGV[3], now_ms + delay, id)
     else
