@@ -61,8 +61,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celeriac.transports.kombu_redis")
 
-OPTIONS = ("layout", "visibility_timeout")
-"""Our URL parameters: taken out before the URL reaches redis-py."""
+OPTIONS = ("layout", "visibility_timeout", "global_keyprefix")
+"""Our URL parameters (the last two also kombu transport options): taken out before the
+URL reaches redis-py."""
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
 _RESTORE_BATCH = 100
 
@@ -113,7 +114,7 @@ class KombuRedisTransport(RedisTransport):
                                      f"{raw!r}") from None
         if self.visibility_timeout <= 0:
             raise ConfigurationError(f"visibility_timeout must be positive, got {raw!r}")
-        prefix = topts.get("global_keyprefix") or ""
+        prefix = options.get("global_keyprefix", topts.get("global_keyprefix")) or ""
         if not isinstance(prefix, str):
             raise ConfigurationError(f"broker_transport_options['global_keyprefix'] must be "
                                      f"a string, got {prefix!r}")
