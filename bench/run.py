@@ -195,6 +195,20 @@ class CeleriacSystem(System):
     def purge(self) -> None:
         self.app.transport.purge(self.app.settings.task_default_queue)
 
+    def diagnostics(self) -> str:
+        # Where the missing tasks are: still in the queue (the worker stopped taking
+        # them) or held by the worker (its pool is stuck), as its own replies say.
+        state: dict[str, Any] = {}
+        try:
+            state["ready"] = self.app.transport.queue_length(
+                self.app.settings.task_default_queue)
+            inspect = self.app.control.inspect(timeout=1.0)
+            state["active"] = {k: len(v) for k, v in (inspect.active() or {}).items()}
+            state["pool"] = {k: v.get("pool") for k, v in (inspect.stats() or {}).items()}
+        except Exception as exc:
+            state["error"] = repr(exc)
+        return f"broker state {state}; {super().diagnostics()}"
+
     def wait_results(self, timeout: float) -> int:
         done = self.app.backend.wait_for(self.ids, timeout)
         return sum(1 for meta in done.values() if meta.state == "SUCCESS")
