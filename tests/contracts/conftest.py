@@ -46,6 +46,9 @@ BACKEND_URLS: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp: f"sqlite:///{tmp / 'results.db'}",
     "redis": _namespaced("redis"),
     "postgres": _namespaced("postgres"),
+    # Celery's layout has no namespace: Celery's global key prefix keeps tests apart.
+    "redis-celery": lambda tmp: f"{require('redis')}?layout=celery&global_keyprefix="
+                                f"t{uuid.uuid4().hex[:12]}:",
 }
 
 

@@ -85,6 +85,12 @@ class ResultBackend(abc.ABC):
     """True when chords complete as Celery's do on a backend with no atomic counter (its
     database layout): header tasks only store their results, and the producer sends a
     ``celery.chord_unlock`` task that polls them and sends the body (``builtins.py``)."""
+    retries_with_request: ClassVar[bool] = False
+    """True when a result keeps its retry count only with the rest of the request (name,
+    args...: ``encode(extended=...)``), as Celery's layouts do; 0 is read back otherwise."""
+    expires_alone: ClassVar[bool] = False
+    """True when the store expires results by itself and keeps no list of them (Celery's
+    Redis layout): ``cleanup`` then has nothing to delete and returns 0."""
     network: ClassVar[bool] = True
     """True when a store waits on the network: the worker's event loop hands it to a
     thread rather than stall on it (heartbeats must go on while a server is slow)."""

@@ -76,24 +76,24 @@ local function count(j, t, s, flag, done, member, score, size, ttl, tid)
   local ready = redis.call('ZCARD', j)
   local total = tonumber(redis.call('GET', s) or size) + tonumber(redis.call('GET', t) or '0')
   if ttl > 0 then
-    redis.call('EXPIRE', j, ttl)
-    redis.call('EXPIRE', t, ttl)
-    redis.call('EXPIRE', s, ttl)
+    redis.call('PEXPIRE', j, ttl)
+    redis.call('PEXPIRE', t, ttl)
+    redis.call('PEXPIRE', s, ttl)
   end
   if ready ~= total then return false end
   local set
-  if ttl > 0 then set = redis.call('SET', flag, tid, 'NX', 'EX', ttl)
+  if ttl > 0 then set = redis.call('SET', flag, tid, 'NX', 'PX', ttl)
   else set = redis.call('SET', flag, tid, 'NX') end
   if not set then return false end
   redis.call('RENAME', j, done)
-  if ttl > 0 then redis.call('EXPIRE', done, ttl) end
+  if ttl > 0 then redis.call('PEXPIRE', done, ttl) end
   redis.call('DEL', t, s)
   return redis.call('ZRANGE', done, 0, -1)
 end
 """
 STORE_PART = _COUNT + """
 -- KEYS: result, .j, .t, .s, fired flag, done; ARGV: value ('' to store nothing), its
--- expiry in ms (0: none), member, score, size, chord expiry in s (0: none), task id.
+-- expiry in ms (0: none), member, score, size, chord expiry in ms (0: none), task id.
 if ARGV[1] ~= '' then
   if tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   else redis.call('SET', KEYS[1], ARGV[1]) end
@@ -103,7 +103,7 @@ return count(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[3], ARGV[4],
              tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7])
 """
 CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
 return 0
 """
@@ -112,6 +112,8 @@ return 0
 class CeleryRedisBackend(ResultBackend):
     scheme = "redis"
     chord_sizes_stored = True
+    expires_alone = True
+    retries_with_request = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -121,11 +123,13 @@ class CeleryRedisBackend(ResultBackend):
                 "is written in JSON here (Celery's default); set result_serializer='json'")
         from ..transports.kombu_redis import split_options
 
-        urls = [split_options(u)[0] for u in url.split(";") if u.strip()]
+        split = [split_options(u) for u in url.split(";") if u.strip()]
+        urls = [plain for plain, _ in split]
         self.conn = Connector(urls, settings, "result backend",
                               read_timeout=settings.broker_connection_timeout + 1.0)
-        prefix = (settings.result_backend_transport_options or {}).get("global_keyprefix")
-        prefix = prefix or ""
+        from_url = {k: v for _, ours in split for k, v in ours.items()}
+        prefix = from_url.get("global_keyprefix", (
+            settings.result_backend_transport_options or {}).get("global_keyprefix")) or ""
         if not isinstance(prefix, str):
             raise ConfigurationError(f"result_backend_transport_options['global_keyprefix'] "
                                      f"must be a string, got {prefix!r}")
@@ -237,7 +241,7 @@ class CeleryRedisBackend(ResultBackend):
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         if group_id.startswith(_BODY_CLAIM):
             key = self.claim_prefix + group_id[len(_BODY_CLAIM):]
-            ttl = self._ttl() or 86400 * 365
+            ttl = self._ttl() or 86400 * 365 * 1000
             return int(self.conn.call(lambda client, ns: client.register_script(CLAIM)(
                 keys=[key], args=[task_id, ttl], client=client))) == 1
         return self._count(group_id, task_id, size, None, None)
@@ -272,8 +276,10 @@ class CeleryRedisBackend(ResultBackend):
         return True
 
     def _ttl(self) -> int:
+        """Chord state's expiry in ms (0: none): the results', to the millisecond, so a
+        chord's parts never outlive the results they count."""
         expires = self.settings.result_expires
-        return max(1, math.ceil(expires)) if expires else 0
+        return max(1, math.ceil(expires * 1000)) if expires else 0
 
     # -- waiting: Celery's notifications --------------------------------------------------
     def _cursor(self) -> int:
