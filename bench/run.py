@@ -792,9 +792,15 @@ def wait_io(system: System, timeout: float) -> int:
     client, key, n = io_counter(), system.io_key, system.sent
     deadline = time.monotonic() + timeout
     next_check = time.monotonic() + 1.0
+    seen = 0
     try:
         while True:
             done = int(client.get(key) or 0)
+            if done < seen:
+                # Only INCRs touch it: something else emptied the database mid-run.
+                raise BenchError(f"the I/O counter went down from {seen} to {done}: "
+                                 f"another program emptied {bench_tasks.IO_URL}")
+            seen = done
             if done >= n or time.monotonic() >= deadline:
                 return done
             if time.monotonic() >= next_check:

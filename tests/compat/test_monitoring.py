@@ -33,7 +33,7 @@ from tests.services import require
 
 pytestmark = pytest.mark.slow
 
-DB = 12
+DB = 5
 SUFFIX = uuid.uuid4().hex[:6]
 QUEUE = f"mon_{SUFFIX}"
 CELERIAC_NODE, CELERY_NODE = f"celeriac-mon-{SUFFIX}", f"celery-mon-{SUFFIX}"

@@ -8,6 +8,7 @@ the shared Redis and deletes its keys after.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ import uvloop
 
 from celeriac import states
 from celeriac.backends.redis import RedisBackend
+from celeriac.errors import BrokerUnavailable
 from celeriac.redisclient import Connector, lanes
 from celeriac.redisclient.lanes import AsyncLane, SyncLane, lane_params
 from celeriac.settings import Settings
@@ -93,7 +95,8 @@ class ScriptedServer:
     stalled for other tests): answers CLIENT SETNAME and PING at once, ``SLOW`` after
     50 ms, and ``HANG`` never."""
 
-    def __init__(self) -> None:
+    def __init__(self, hang_on: bytes = b"HANG") -> None:
+        self.hang_on = hang_on
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.conns: list[socket.socket] = []
@@ -101,23 +104,30 @@ class ScriptedServer:
         self.thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        self.conns.append(conn)
-        while data := conn.recv(1 << 16):
-            if b"HANG" in data:
+        while True:  # one connection at a time, until the listener is closed
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
                 return
-            if b"SLOW" in data:
-                time.sleep(0.05)  # sleep-ok: the slow reply the test is about
-            conn.sendall(b"+PONG\r\n" if b"PING" in data else b"+OK\r\n")
+            self.conns.append(conn)
+            with contextlib.suppress(OSError):
+                while data := conn.recv(1 << 16):
+                    if self.hang_on in data:
+                        break  # silent from now on; the connection stays open
+                    if b"SLOW" in data:
+                        time.sleep(0.05)  # sleep-ok: the slow reply the test is about
+                    conn.sendall(b"+PONG\r\n" if b"PING" in data else b"+OK\r\n")
 
     def lane(self, read_timeout: float) -> SyncLane:
         return SyncLane.open({"host": "127.0.0.1", "port": self.port}, "test", 2.0,
                              read_timeout)
 
     def close(self) -> None:
-        for conn in self.conns:
-            conn.close()
-        self.listener.close()
+        # shutdown() wakes the server thread's accept() or recv(); close() alone would not.
+        for sock in (self.listener, *self.conns):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
         self.thread.join(timeout=2)
 
 
@@ -160,6 +170,32 @@ def test_sync_lane_read_timeout_drops_the_connection(server: ScriptedServer) -> 
             lane.call("PING")
     finally:
         lane.close()
+
+
+def test_a_script_call_that_gets_no_reply_times_out_and_fails_over() -> None:
+    # A server that keeps the connection but never answers a script: the worker's pump
+    # and its lease renewals go through this call, so it must end (and be retried on a
+    # new connection, then reported), never wait forever.
+    server = ScriptedServer(hang_on=b"EVALSHA")
+    url = f"redis://127.0.0.1:{server.port}/0"
+    conn = Connector([url], Settings(broker_url=url, broker_connection_timeout=0.3), "broker",
+                     read_timeout=0.3)
+
+    async def call() -> float:
+        started = time.monotonic()
+        try:
+            with pytest.raises(BrokerUnavailable, match=r"no reply to purge within 0\.3s"):
+                await conn.arun("purge", [Q])
+            return time.monotonic() - started
+        finally:
+            await conn.aclose()
+
+    try:
+        took = run(call())
+        assert 0.5 < took < 3.0  # two attempts of 0.3 s each, not forever
+    finally:
+        conn.close()
+        server.close()
 
 
 def test_sync_lane_reads_a_reply_larger_than_its_buffer(url: str, ns: str) -> None:

@@ -18,7 +18,7 @@ from celeriac.transports.base import PRIVATE_PREFIX, create_transport
 from celeriac.transports.kombu_redis import KombuRedisTransport
 from tests.services import require
 
-DB = 13
+DB = 4
 URL = f"redis://127.0.0.1:6379/{DB}?layout=kombu"
 
 

@@ -328,7 +328,10 @@ class Connector:
             lane = await AsyncLane.open(params, self._options()["client_name"],
                                         self.settings.broker_connection_timeout)
         except BaseException as exc:
-            opening.set_exception(exc)
+            # The opener's cancellation is its own: the callers sharing this attempt get a
+            # connection error they retry, not a cancellation that would end them quietly.
+            opening.set_exception(redis.ConnectionError("connecting was interrupted")
+                                  if isinstance(exc, asyncio.CancelledError) else exc)
             opening.exception()  # retrieved: a failure nobody else awaited is not news
             raise
         opening.set_result(lane)
@@ -340,12 +343,19 @@ class Connector:
             lane = await self._async_lane()
             if lane is not None:
                 try:
-                    return await lane.evalsha(script_sha(name), script_source(name),
-                                              [namespace, *args])
+                    # A server that keeps the connection but never answers must not hold
+                    # the worker's pump (and its lease renewals) forever.
+                    async with asyncio.timeout(self.read_timeout):
+                        return await lane.evalsha(script_sha(name), script_source(name),
+                                                  [namespace, *args])
                 except asyncio.CancelledError:
                     # The reply may come after all: this connection is out of step.
                     lane.close()
                     raise
+                except TimeoutError as exc:
+                    lane.close()  # out of step too
+                    raise redis.TimeoutError(
+                        f"no reply to {name} within {self.read_timeout}s") from exc
             scripts = self._async()[1]
             script = scripts.get(name)
             if script is None:
