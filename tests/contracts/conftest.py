@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,37 @@ TRANSPORT_URLS: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp: f"sqlite:///{tmp / 'broker.db'}",
     "redis": _namespaced("redis"),
     "amqp": _namespaced("rabbitmq"),
+    # Celery's layout has no namespace: kombu's global key prefix keeps tests apart.
+    "redis-kombu": lambda tmp: f"{require('redis')}?layout=kombu&global_keyprefix="
+                               f"t{uuid.uuid4().hex[:12]}:",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a transport's layout differs from celeriac's own, by design (a layout shared
+    with Celery's workers keeps their rules): the suite checks the rule that applies."""
+
+    envelope: frozenset[str] = frozenset()
+    """Properties the layout's envelope adds to every message (kombu's)."""
+    redelivery_headers: frozenset[str] = frozenset()
+    """Headers a counted redelivery adds (kombu's ``redelivered``, our loss count)."""
+    priority_steps: tuple[int, ...] | None = None
+    """Priorities rounded down to these steps, and the LOWEST step first (kombu on
+    Redis); None: 0-9, the highest first."""
+    delays_in_broker: bool = True
+    """A producer's countdown waits in the broker; False: the message goes out at once
+    with its ``eta`` header and the worker that takes it parks it (Celery's way)."""
+    leases: bool = True
+    """``worker_lease_timeout`` decides when a silent consumer's messages go back;
+    False: kombu's visibility timeout does (``tests/compat/test_kombu_layout.py``)."""
+
+
+LAYOUTS: dict[str, Layout] = {
+    "redis-kombu": Layout(
+        envelope=frozenset({"correlation_id", "reply_to", "delivery_mode", "delivery_info"}),
+        redelivery_headers=frozenset({"redelivered", "x-celeriac-deliveries"}),
+        priority_steps=(0, 3, 6, 9), delays_in_broker=False, leases=False),
 }
 
 BACKEND_URLS: dict[str, Callable[[Path], str]] = {
@@ -64,6 +96,10 @@ class TransportFactory:
     def process_local(self) -> bool:
         """True when the broker cannot be shared with other processes."""
         return transport_class(self.url).process_local
+
+    @property
+    def layout(self) -> Layout:
+        return LAYOUTS.get(self.name, Layout())
 
     def settings(self, **changes: Any) -> Settings:
         return Settings(broker_url=self.url, **changes)

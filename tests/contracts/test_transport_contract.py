@@ -51,6 +51,35 @@ def message(n: int, *, priority: int = 0, body: bytes | None = None) -> Message:
     )
 
 
+def unwrap(t: TransportFactory, got: Message, sent: Message) -> Message:
+    """``got`` without what the transport's layout adds to every message (``Layout``) and
+    ``sent`` did not carry: compared with ``sent``, only the message itself is checked."""
+    layout = t.layout
+    if not (layout.envelope or layout.redelivery_headers):
+        return got
+    return Message(
+        {k: v for k, v in got.headers.items()
+         if k in sent.headers or k not in layout.redelivery_headers},
+        got.body, got.content_type, got.content_encoding,
+        {k: v for k, v in got.properties.items()
+         if k in sent.properties or k not in layout.envelope})
+
+
+def step(t: TransportFactory, priority: int) -> int:
+    """The order key of ``priority`` on ``t``: lower comes first."""
+    steps = t.layout.priority_steps
+    if steps is None:
+        return -priority
+    return max(s for s in steps if s <= priority)
+
+
+def skip_unless_delays_in_broker(t: TransportFactory) -> None:
+    if not t.layout.delays_in_broker:
+        pytest.skip(f"{t.name}: a producer's countdown goes out at once with its eta "
+                    "header and the worker parks it, as Celery's do "
+                    "(tests/compat/test_kombu_layout.py)")
+
+
 def ids(deliveries: Sequence[Delivery]) -> list[str]:
     return [d.message.headers["id"] for d in deliveries]
 
@@ -98,7 +127,7 @@ def test_round_trip_keeps_message_exact(transport: TransportFactory) -> None:
         return await fetch_n(c, [Q], 2)
 
     got = run(scenario())
-    assert [d.message for d in got] == sent
+    assert [unwrap(transport, d.message, m) for d, m in zip(got, sent, strict=True)] == sent
     for d in got:
         assert type(d.message.body) is bytes
         assert d.queue == Q
@@ -130,8 +159,8 @@ def test_broker_keeps_the_message_as_published(transport: TransportFactory) -> N
         return delivered, again.message
 
     delivered, again = run(scenario())
-    assert delivered == fresh()
-    assert again == fresh()
+    assert unwrap(transport, delivered, fresh()) == fresh()
+    assert unwrap(transport, again, fresh()) == fresh()
 
 
 def test_fifo_within_a_priority(transport: TransportFactory) -> None:
@@ -155,7 +184,8 @@ def test_higher_priority_first(transport: TransportFactory) -> None:
     producer = transport()
     for n, p in enumerate(priorities):
         producer.publish(Q, message(n, priority=p))
-    expected = [f"id-{n}" for n, _ in sorted(enumerate(priorities), key=lambda e: (-e[1], e[0]))]
+    order = sorted(enumerate(priorities), key=lambda e: (step(transport, e[1]), e[0]))
+    expected = [f"id-{n}" for n, _ in order]
 
     async def scenario() -> list[Delivery]:
         c = await consumer(transport, "c1")
@@ -165,7 +195,7 @@ def test_higher_priority_first(transport: TransportFactory) -> None:
 
     got = run(scenario())
     assert ids(got) == expected
-    assert [d.message.priority for d in got] == sorted(priorities, reverse=True)
+    assert [d.message.priority for d in got] == [p for _, p in order]
 
 
 def test_fetch_from_several_queues_takes_only_those(transport: TransportFactory) -> None:
@@ -199,7 +229,10 @@ def test_priority_applies_across_queues(transport: TransportFactory) -> None:
         c = await consumer(transport, "c1")
         return [d for _ in range(3) for d in await c.fetch(["a", "b"], 1, 1.0)]
 
-    assert ids(run(scenario())) == ["id-2", "id-3", "id-1"]
+    # kombu's Redis: the lowest step first; within a step, the queues in the order given.
+    expected = ["id-2", "id-3", "id-1"] if transport.layout.priority_steps is None else \
+        ["id-1", "id-3", "id-2"]
+    assert ids(run(scenario())) == expected
 
 
 def test_fetch_respects_limit(transport: TransportFactory) -> None:
@@ -411,7 +444,7 @@ def test_requeue_redelivered_counts_the_delivery(transport: TransportFactory) ->
 
     seen = run(scenario())
     assert [d.delivery_count for d in seen] == [1, 2, 3]
-    assert all(d.message == message(1) for d in seen)
+    assert all(unwrap(transport, d.message, message(1)) == message(1) for d in seen)
 
 
 def test_requeue_with_a_delay_holds_it_in_the_delay_store(transport: TransportFactory) -> None:
@@ -432,7 +465,7 @@ def test_requeue_with_a_delay_holds_it_in_the_delay_store(transport: TransportFa
     waited, got = run(scenario())
     assert ids(got) == ["id-1"]
     assert got[0].delivery_count == 2
-    assert got[0].message == message(1)
+    assert unwrap(transport, got[0].message, message(1)) == message(1)
     assert 0.3 - EARLY <= waited < 0.3 + SLACK
 
 
@@ -454,19 +487,24 @@ def test_dead_letter_moves_the_message_out_for_good(transport: TransportFactory)
     assert run(scenario()) == []
     assert producer.queue_length(Q) == 0
     dead = producer.dead_letters()
-    assert [(x.queue, x.reason, x.message, x.delivery_count) for x in dead] == [
+    assert [(x.queue, x.reason, unwrap(transport, x.message, message(n)), x.delivery_count)
+            for n, x in enumerate(dead)] == [
         (Q, "bad input", message(0), 1),
         (Q, "too many deliveries", message(1), 1),
         (Q, "rejected", message(2), 1),
     ]
     assert all(x.dead_at <= time.time() for x in dead)
-    assert [x.message for x in producer.dead_letters(limit=2)] == [message(0), message(1)]
+    assert [unwrap(transport, x.message, message(n))
+            for n, x in enumerate(producer.dead_letters(limit=2))] == [message(0), message(1)]
 
 
 # -- leases -----------------------------------------------------------------------------
 
 def test_expired_lease_returns_messages_through_another_heartbeat(
         transport: TransportFactory) -> None:
+    if not transport.layout.leases:
+        pytest.skip(f"{transport.name}: kombu's visibility timeout returns a silent "
+                    "consumer's messages (tests/compat/test_kombu_layout.py)")
     producer = transport()
     producer.publish(Q, message(1))
     producer.publish(Q, message(2))
@@ -551,12 +589,15 @@ def test_queue_length_counts_ready_messages_only(transport: TransportFactory) ->
         producer.publish(Q, message(n))
     producer.publish(Q, message(9), delay=30)
     producer.publish("elsewhere", message(10))
-    assert producer.queue_length(Q) == 3
+    # Where a countdown travels in the message (kombu's layout), it is ready until a
+    # worker takes and parks it.
+    delayed = 0 if transport.layout.delays_in_broker else 1
+    assert producer.queue_length(Q) == 3 + delayed
 
     async def scenario() -> None:
         c = await consumer(transport, "c1")
         await c.fetch([Q], 1, 1.0)
-        assert producer.queue_length(Q) == 2
+        assert producer.queue_length(Q) == 2 + delayed
 
     run(scenario())
 
@@ -605,8 +646,10 @@ def test_publish_many_publishes_all(transport: TransportFactory) -> None:
 
     got = run(scenario())
     assert len(got) == len(items)
-    assert {d.message.headers["id"]: (d.queue, d.message) for d in got} == {
-        i.message.headers["id"]: (i.queue, i.message) for i in items}
+    sent = {i.message.headers["id"]: i.message for i in items}
+    assert {d.message.headers["id"]: (d.queue, unwrap(transport, d.message,
+                                                      sent[d.message.headers["id"]]))
+            for d in got} == {i.message.headers["id"]: (i.queue, i.message) for i in items}
 
 
 def test_message_larger_than_max_size_is_refused_and_nothing_published(
@@ -633,6 +676,7 @@ def test_message_larger_than_max_size_is_refused_and_nothing_published(
 # -- delayed messages -------------------------------------------------------------------
 
 def test_delayed_message_is_held_until_due(transport: TransportFactory) -> None:
+    skip_unless_delays_in_broker(transport)
     producer = transport()
 
     async def scenario() -> tuple[float, list[Delivery]]:
@@ -652,6 +696,7 @@ def test_delayed_message_is_held_until_due(transport: TransportFactory) -> None:
 
 def test_idle_fetch_returns_a_delayed_message_published_while_it_waits(
         transport: TransportFactory) -> None:
+    skip_unless_delays_in_broker(transport)
     producer = transport()
 
     async def scenario() -> tuple[list[Delivery], float]:
@@ -672,6 +717,7 @@ def test_idle_fetch_returns_a_delayed_message_published_while_it_waits(
 
 
 def test_delayed_message_does_not_block_ready_ones(transport: TransportFactory) -> None:
+    skip_unless_delays_in_broker(transport)
     producer = transport()
     producer.publish(Q, message(1, priority=9), delay=30)
     producer.publish(Q, message(2))

@@ -58,6 +58,18 @@ FAILOVER_STRATEGIES = ("round-robin", "shuffle")
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, TimeoutError)
 
 
+def transport_options(urls: Sequence[str], settings: Settings) -> Mapping[str, Any]:
+    """The transport options of the setting ``urls`` come from: a store on the broker's
+    Redis (revoked ids, coordination, beat) follows the broker's sentinel master name and
+    key prefix as the transport does."""
+    pieces = {u.strip() for u in urls if u.strip()}
+    if pieces & {u.strip() for u in settings.broker_url.split(";")}:
+        return settings.broker_transport_options or {}
+    if pieces & {u.strip() for u in (settings.result_backend or "").split(";")}:
+        return settings.result_backend_transport_options or {}
+    return {}
+
+
 class Connector:
     """The URLs of one broker or result store, the current one, and this process's
     clients for it."""
@@ -68,7 +80,9 @@ class Connector:
             raise ConfigurationError(
                 f"broker_failover_strategy must be one of {', '.join(FAILOVER_STRATEGIES)}; "
                 f"got {settings.broker_failover_strategy!r}")
-        self.endpoints, self.durability = parse(urls, options or {}, role)
+        if options is None:
+            options = transport_options(urls, settings)
+        self.endpoints, self.durability = parse(urls, options, role)
         if self.endpoints[0].cluster:
             raise ConfigurationError(
                 f"{self.endpoints[0].safe!r} is a Redis Cluster: the {role} has no Cluster "

@@ -39,11 +39,12 @@ DEFAULT_NAMESPACE = "celeriac"
 SENTINEL_SCHEMES = ("redis+sentinel", "sentinel")
 CLUSTER_SCHEMES = ("redis+cluster",)
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
-# Our query parameters: taken out before a URL reaches redis-py. ``layout`` and
-# ``visibility_timeout`` are the compatibility layout's (``_layouts.py``), read where the
-# layout is chosen; other users of the same URL (the revoked store) just pass them by.
+# Our query parameters: taken out before a URL reaches redis-py. ``layout``,
+# ``visibility_timeout`` and ``global_keyprefix`` are the compatibility layout's
+# (``_layouts.py``), read where the layout is chosen; other users of the same URL (the
+# revoked store, coordination) pass them by, but for the prefix (``_namespace``).
 _OURS = ("namespace", "master", "master_name", "sentinel_password", "replicas_ack",
-         "replicas_ack_timeout", "layout", "visibility_timeout")
+         "replicas_ack_timeout", "layout", "visibility_timeout", "global_keyprefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,18 @@ def _int(name: str, value: Any, where: str) -> int:
     return number
 
 
+def _namespace(query: Mapping[str, str], options: Mapping[str, Any], where: str) -> str:
+    """``?namespace=``; without it, kombu's ``global_keyprefix`` (URL or transport
+    option) in front of the default, so that an app sharing a Redis under a prefix keeps
+    its own keys (revoked ids, leases) apart too."""
+    if "namespace" in query:
+        if not query["namespace"]:
+            raise ConfigurationError(f"empty namespace in {where}")
+        return query["namespace"]
+    prefix = _option("global_keyprefix", query, options)
+    return f"{prefix}{DEFAULT_NAMESPACE}" if prefix else DEFAULT_NAMESPACE
+
+
 def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
           ) -> tuple[list[Endpoint], Durability]:
     """The endpoints of ``urls`` (the pieces of a ``;``-separated setting) with the
@@ -111,9 +124,7 @@ def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
     for p in parts:
         query.update(parse_qsl(p.query, keep_blank_values=True))
     where = f"the {role} URL {mask_password(';'.join(pieces))!r}"
-    namespace = query.get("namespace", DEFAULT_NAMESPACE)
-    if not namespace:
-        raise ConfigurationError(f"empty namespace in {where}")
+    namespace = _namespace(query, options, where)
     replicas = _option("replicas_ack", query, options)
     timeout = _option("replicas_ack_timeout", query, options)
     durability = Durability(_int("replicas_ack", replicas or 0, where),
@@ -153,9 +164,7 @@ def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
     endpoints = []
     for piece, p in zip(pieces, parts, strict=True):
         own = dict(parse_qsl(p.query, keep_blank_values=True))
-        ns = own.get("namespace", DEFAULT_NAMESPACE)
-        if not ns:
-            raise ConfigurationError(f"empty namespace in {mask_password(piece)!r}")
+        ns = _namespace(own, options, repr(mask_password(piece)))
         kept = urlencode([(k, v) for k, v in own.items() if k not in _OURS])
         own_secrets = tuple({t for s in (p.password, own.get("password")) if s
                              for t in (s, unquote(s))})

@@ -244,7 +244,9 @@ class KombuRedisTransport(RedisTransport):
     async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
                       delay: float = 0.0) -> None:
         groups: list[Any] = []
-        for d in deliveries:
+        # Each goes back to the popping end of its list: the last first, so that they
+        # come out again in the order they went in.
+        for d in reversed(deliveries):
             held: Held = d.tag
             groups += [held.tag, "", held.key, kw.redelivered(held.raw, counted=redelivered),
                        max(round(delay * 1000), 0)]
@@ -347,7 +349,7 @@ class KombuRedisTransport(RedisTransport):
             held = list(self._holding.values())
             if held:
                 groups: list[Any] = []
-                for h in held:
+                for h in reversed(held):  # the last first, as in requeue
                     groups += [h.tag, "", h.key, h.raw, 0]  # given back, uncounted
                 await self._move([h.tag for h in held], groups)
                 logger.info("gave back %d message(s) on disconnect", len(held))
