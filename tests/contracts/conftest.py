@@ -84,6 +84,26 @@ BACKEND_URLS: dict[str, Callable[[Path], str]] = {
 }
 
 
+def _celery_database(tmp: Path) -> str:
+    """Celery's SQLAlchemy tables have fixed names: a database of the suite's own, its
+    tables dropped for each test (a module's tests run one at a time)."""
+    import psycopg
+
+    server = require("postgres").rsplit("/", 1)[0]
+    name = "celeriac_contract_celery"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                             (name,)).fetchone():
+            admin.execute(f'CREATE DATABASE "{name}"')
+    with psycopg.connect(f"{server}/{name}", autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS celery_taskmeta, celery_tasksetmeta, "
+                     "celeriac_chord_parts, celeriac_chords")
+    return f"db+{server}/{name}"
+
+
+BACKEND_URLS["postgres-celery"] = _celery_database
+
+
 class TransportFactory:
     """Makes transports that all talk to one broker (one URL), and closes them after."""
 

@@ -88,6 +88,9 @@ class ResultBackend(abc.ABC):
     retries_with_request: ClassVar[bool] = False
     """True when a result keeps its retry count only with the rest of the request (name,
     args...: ``encode(extended=...)``), as Celery's layouts do; 0 is read back otherwise."""
+    expiry_by_age: ClassVar[bool] = False
+    """True when a result carries no expiry of its own (Celery's database layout): who
+    reads or cleans decides, by its own ``result_expires`` and the result's age."""
     expires_alone: ClassVar[bool] = False
     """True when the store expires results by itself and keeps no list of them (Celery's
     Redis layout): ``cleanup`` then has nothing to delete and returns 0."""

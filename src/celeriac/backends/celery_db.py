@@ -57,6 +57,9 @@ logger = logging.getLogger("celeriac.backends.celery_db")
 
 EXTENDED = ("name", "args", "kwargs", "worker", "retries", "queue")
 _POLL = 0.1
+"""Longest wait between two looks: Celery's writers send no notification."""
+CHANNEL = "celeriac_celery_taskmeta"
+"""NOTIFYed (empty payload) by each of our writes, so our waiters wake at once."""
 _SCHEMA = """
 CREATE SEQUENCE IF NOT EXISTS task_id_sequence;
 CREATE TABLE IF NOT EXISTS celery_taskmeta (
@@ -69,6 +72,8 @@ CREATE TABLE IF NOT EXISTS celery_tasksetmeta (
     id integer NOT NULL PRIMARY KEY, taskset_id varchar(155) UNIQUE, result bytea,
     date_done timestamp without time zone);
 CREATE TABLE IF NOT EXISTS celeriac_chords (group_id text PRIMARY KEY, fired_by text);
+ALTER TABLE celeriac_chords ADD COLUMN IF NOT EXISTS
+    created timestamptz NOT NULL DEFAULT now();
 CREATE TABLE IF NOT EXISTS celeriac_chord_parts (
     group_id text REFERENCES celeriac_chords ON DELETE CASCADE, task_id text,
     PRIMARY KEY (group_id, task_id));
@@ -86,6 +91,12 @@ def loads_plain(data: bytes) -> Any:
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
+_FRESH = ("(%s::float8 IS NULL OR date_done IS NULL OR date_done >= "
+          "(now() at time zone 'utc') - make_interval(secs => %s::float8))")
+"""Not expired: a result older than ``result_expires`` is gone on read, as on every
+backend, though its row stays until ``cleanup`` (Celery's ``celery.backend_cleanup``)."""
+
+
 def _value(stored: Any) -> Any:
     """A stored result: JSON (Celery 5.7), or an older Celery's pickle of plain data."""
     if stored is None:
@@ -99,6 +110,8 @@ def _value(stored: Any) -> Any:
 class CeleryDatabaseBackend(ResultBackend):
     scheme = "db+postgresql"
     chords_by_unlock = True
+    retries_with_request = True  # the retries column is one of the extended ones
+    expiry_by_age = True  # Celery's table has no expiry column
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -107,13 +120,13 @@ class CeleryDatabaseBackend(ResultBackend):
         self.dsn = "postgresql://" + rest
         self._local = threading.local()
         self._columns: set[str] | None = None
+        self._opened: list[tuple[int, psycopg.Connection[tuple[Any, ...]]]] = []
+        """Every connection opened, any thread's, with its process: ``close`` closes this
+        process's (a forked child must not end its parent's sessions)."""
+        self._lock = threading.Lock()
 
     # -- connections ----------------------------------------------------------------------
-    def _conn(self) -> psycopg.Connection[tuple[Any, ...]]:
-        held = getattr(self._local, "conn", None)
-        if held is not None and held[0] == os.getpid() and not held[1].closed:
-            conn: psycopg.Connection[tuple[Any, ...]] = held[1]
-            return conn
+    def _open(self) -> psycopg.Connection[tuple[Any, ...]]:
         try:
             conn = psycopg.connect(self.dsn, autocommit=True,
                                    connect_timeout=max(1, round(
@@ -121,6 +134,17 @@ class CeleryDatabaseBackend(ResultBackend):
         except psycopg.OperationalError as exc:
             raise BrokerUnavailable(f"cannot reach the result backend at "
                                     f"{self.dsn.split('@')[-1]}: {exc}") from exc
+        with self._lock:
+            self._opened = [(pid, c) for pid, c in self._opened if not c.closed]
+            self._opened.append((os.getpid(), conn))
+        return conn
+
+    def _conn(self) -> psycopg.Connection[tuple[Any, ...]]:
+        held = getattr(self._local, "conn", None)
+        if held is not None and held[0] == os.getpid() and not held[1].closed:
+            conn: psycopg.Connection[tuple[Any, ...]] = held[1]
+            return conn
+        conn = self._open()
         self._local.conn = (os.getpid(), conn)
         if self._columns is None:
             with conn.transaction():
@@ -153,6 +177,7 @@ class CeleryDatabaseBackend(ResultBackend):
         rows = [self._row(item, extended) for item in items]
         with conn.transaction(), conn.cursor() as cur:
             cur.executemany(sql, rows)
+            cur.execute(f"NOTIFY {CHANNEL}")  # delivered at commit
 
     def _save_groups(self, groups: Sequence[Stored]) -> None:
         """celeriac's ``GroupResult.save`` as Celery's ``_save_group``: the group's
@@ -202,7 +227,8 @@ class CeleryDatabaseBackend(ResultBackend):
         rows = conn.execute(
             f"SELECT task_id, status, result, traceback, date_done, {children}"
             f"{''.join(', ' + c for c in extended)} FROM celery_taskmeta "
-            f"WHERE task_id = ANY(%s)", (list(task_ids),)).fetchall()
+            f"WHERE task_id = ANY(%s) AND {_FRESH}", (list(task_ids), *self._fresh())
+        ).fetchall()
         out: dict[str, tuple[str, bytes]] = {}
         for row in rows:
             task_id, status, result, tb, done, sent = row[:6]
@@ -229,8 +255,8 @@ class CeleryDatabaseBackend(ResultBackend):
         """Saved groups in celeriac's shape (``GroupResult.restore``), from Celery's rows."""
         by_id = {key[len(GROUP_KEY_PREFIX):]: key for key in keys}
         rows = self._conn().execute(
-            "SELECT taskset_id, result FROM celery_tasksetmeta WHERE taskset_id = ANY(%s)",
-            (list(by_id),)).fetchall()
+            f"SELECT taskset_id, result FROM celery_tasksetmeta WHERE taskset_id = ANY(%s) "
+            f"AND {_FRESH}", (list(by_id), *self._fresh())).fetchall()
         out: dict[str, tuple[str, bytes]] = {}
         for group_id, stored in rows:
             try:
@@ -245,8 +271,42 @@ class CeleryDatabaseBackend(ResultBackend):
                 "result": {"group_id": group_id, "results": ids}}))
         return out
 
+    def _expires(self) -> float | None:
+        return float(self.settings.result_expires) if self.settings.result_expires else None
+
+    def _fresh(self) -> tuple[float | None, float | None]:
+        """``_FRESH``'s parameters."""
+        return self._expires(), self._expires()
+
+    def _listener(self) -> psycopg.Connection[tuple[Any, ...]]:
+        held = getattr(self._local, "listener", None)
+        if held is not None and held[0] == os.getpid() and not held[1].closed:
+            conn: psycopg.Connection[tuple[Any, ...]] = held[1]
+            return conn
+        conn = self._open()
+        conn.execute(f"LISTEN {CHANNEL}")
+        self._local.listener = (os.getpid(), conn)
+        return conn
+
+    def _cursor(self) -> None:
+        # Listening before wait_for's first read: a write during that read still wakes
+        # the wait that follows it. What came before is read anyway: dropped.
+        for _ in self._listener().notifies(timeout=0):
+            pass
+        return None
+
     def _wait(self, timeout: float) -> None:
-        time.sleep(max(min(timeout, _POLL), 0.0))
+        # Ours NOTIFY; Celery's writers do not, so no wait is longer than _POLL.
+        wait = max(min(timeout, _POLL), 0.0)
+        try:
+            listener = self._listener()
+            for _ in listener.notifies(timeout=wait, stop_after=1):
+                pass
+            for _ in listener.notifies(timeout=0):  # the rest already here: one wake
+                pass
+        except psycopg.OperationalError as exc:
+            logger.warning("waiting for results: %s; polling instead", exc)
+            time.sleep(wait)
 
     def forget(self, task_id: str) -> None:
         if task_id.startswith(GROUP_KEY_PREFIX):
@@ -265,12 +325,18 @@ class CeleryDatabaseBackend(ResultBackend):
                 f"DELETE FROM {table} WHERE date_done < "
                 "(now() at time zone 'utc') - make_interval(secs => %s)",
                 (float(expires),)).rowcount
+        conn.execute("DELETE FROM celeriac_chords WHERE created < now() - "
+                     "make_interval(secs => %s)", (float(expires),))  # uncounted
         return removed
 
     # -- claims of chord bodies (celeriac's own tables) ----------------------------------
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         conn = self._conn()
         with conn.transaction():
+            if self._expires() is not None:
+                # A chord older than result_expires is gone, as its results are.
+                conn.execute("DELETE FROM celeriac_chords WHERE group_id = %s AND created < "
+                             "now() - make_interval(secs => %s)", (group_id, self._expires()))
             conn.execute("INSERT INTO celeriac_chords (group_id) VALUES (%s) "
                          "ON CONFLICT DO NOTHING", (group_id,))
             row = conn.execute("SELECT fired_by FROM celeriac_chords WHERE group_id = %s "
@@ -289,7 +355,9 @@ class CeleryDatabaseBackend(ResultBackend):
         return False
 
     def close(self) -> None:
-        held = getattr(self._local, "conn", None)
-        if held is not None and held[0] == os.getpid():
-            held[1].close()
-        self._local.conn = None
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for pid, conn in opened:
+            if pid == os.getpid() and not conn.closed:
+                conn.close()
+        self._local = threading.local()
