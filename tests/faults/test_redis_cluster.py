@@ -16,11 +16,13 @@ import pytest
 
 from celeriac import Celeriac, Settings
 from celeriac.testing import WorkerProcess
+from celeriac.transports.base import create_transport
 from tests.contracts import test_backend_contract as backend_contract
 from tests.contracts import test_transport_contract as transport_contract
 from tests.contracts.conftest import BackendFactory, TransportFactory
-from tests.faults.redis_sets import Cluster, cluster
+from tests.faults.redis_sets import Cluster, cluster, free_ports
 from tests.integration import app_tasks as t
+from tests.loops import run
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +83,26 @@ def test_a_worker_drains_1000_tasks(app: Celeriac, env: dict[str, str], redis_cl
     assert len(done) == 1000, f"{1000 - len(done)} missing; worker log:\n{worker.log[-3000:]}"
     assert all(done[r.id].result == 2 * i for i, r in enumerate(results))
     assert app.transport.queue_length("celery") == 0
+
+
+def test_broadcasts_reach_a_subscriber_through_any_node_that_answers(
+        redis_cluster: Cluster) -> None:
+    # The URL's first node is down (nothing listens there): subscriptions go through
+    # the next node, and a broadcast (sent through the cluster client) reaches them.
+    dead = free_ports(1)[0]
+    url = redis_cluster.url(f"p{uuid.uuid4().hex[:8]}").replace(
+        "redis+cluster://", f"redis+cluster://127.0.0.1:{dead};")
+    transport = create_transport(url, Settings(broker_url=url))
+
+    async def scenario() -> bytes | None:
+        sub = await transport.subscribe("news")
+        try:
+            transport.broadcast("news", b"hello")
+            return await sub.get(5.0)
+        finally:
+            await sub.close()
+
+    try:
+        assert run(scenario()) == b"hello"
+    finally:
+        transport.close()

@@ -68,7 +68,9 @@ def drain(store: SharedStore, until: float, out: list[int]) -> None:
         grant = store.take("bucket", RATE, CAPACITY, 5)
         total += grant.granted
         if not grant.granted:
-            pause = min(grant.wait, until - time.monotonic()) if grant.wait else 0.001
+            # Never negative: the deadline may pass between the loop's test and here.
+            pause = max(0.0, min(grant.wait, until - time.monotonic())) if grant.wait \
+                else 0.001
             time.sleep(pause)  # sleep-ok: until the bucket grants the next token
     out.append(total)
 

@@ -299,7 +299,7 @@ class CeleryRedisBackend(ResultBackend):
         except Exception as exc:  # a lost subscription: read again after a pause
             logger.warning("result notifications lost (%s); resubscribing", exc)
             self._local.listener = None
-            time.sleep(min(timeout, 0.1))
+            time.sleep(max(0.0, min(timeout, 0.1)))
 
     def _listener(self) -> Any:
         listener = getattr(self._local, "listener", None)

@@ -181,11 +181,22 @@ class ClusterConnector:
         return await self.acall(op)
 
     async def node_client(self) -> aredis.Redis:
-        """A plain client to one node (pub/sub: Cluster relays PUBLISH to every node)."""
-        host, port = self.endpoint.cluster[0]
-        return aredis.Redis(host=host, port=port, socket_timeout=None,
-                            socket_connect_timeout=self.settings.broker_connection_timeout,
-                            **self._kwargs())
+        """A plain client to the first node of the URL that answers (pub/sub: a Cluster
+        relays PUBLISH to every node, so any one will do while it lives)."""
+        timeout = self.settings.broker_connection_timeout
+        failures = []
+        for host, port in self.endpoint.cluster:
+            client = aredis.Redis(host=host, port=port, socket_timeout=None,
+                                  socket_connect_timeout=timeout, **self._kwargs())
+            try:
+                async with asyncio.timeout(timeout):
+                    await client.ping()
+                return client
+            except (redis.RedisError, OSError, TimeoutError) as exc:
+                failures.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                await client.aclose()
+        raise redis.ConnectionError("no node of the cluster answered (" +
+                                    "; ".join(failures) + ")")
 
     async def aclose(self) -> None:
         self._check_pid()
