@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import inspect
 import logging
 import random
@@ -12,7 +13,7 @@ import traceback as tb
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
 
 from . import states
 from .backends.base import ResultMeta
@@ -85,13 +86,25 @@ class Request:
         return self.task
 
 
+class _Default(enum.Enum):
+    DEFAULT = "default"
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Final = _Default.DEFAULT
+"""An option left unset: the app's setting applies (where None has a meaning of its own)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
     name: str
     bind: bool = False
     queue: str | None = None
     priority: int | None = None
-    max_retries: int | None = None
+    max_retries: int | _Default | None = DEFAULT
+    """Celery's: None never stops retrying; unset, ``task_max_retries`` (3)."""
     default_retry_delay: float | None = None
     autoretry_for: tuple[type[BaseException], ...] = ()
     retry_backoff: bool | float = False
@@ -196,8 +209,9 @@ class Task(Generic[P, R]):
     # -- settings resolved against the app's ----------------------------------------------
     @property
     def max_retries(self) -> int | None:
+        """Retries allowed; None: no limit."""
         o = self.options.max_retries
-        return self.app.settings.task_max_retries if o is None else o
+        return self.app.settings.task_max_retries if o is DEFAULT else o
 
     @property
     def acks_late(self) -> bool:

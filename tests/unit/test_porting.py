@@ -116,6 +116,30 @@ def test_a_base_class_gives_defaults_and_its_handlers_run() -> None:
     app.close()
 
 
+def test_max_retries_none_never_stops_retrying_as_in_celery() -> None:
+    app = memory_app(task_always_eager=True)
+
+    @app.task(bind=True, max_retries=None, default_retry_delay=0)
+    def patient(self: Any, until: int) -> int:
+        if self.request.retries < until:
+            raise self.retry()
+        return self.request.retries
+
+    @app.task
+    def plain() -> None: ...
+
+    class Unlimited(Task[Any, Any]):
+        max_retries = None
+
+    @app.task(base=Unlimited)
+    def inherited() -> None: ...
+
+    assert patient.max_retries is None and inherited.max_retries is None
+    assert plain.max_retries == app.settings.task_max_retries == 3  # unset: the default
+    assert patient.apply((10,)).get() == 10  # past the default of 3
+    app.close()
+
+
 def test_app_task_class_and_annotations_apply_to_every_task() -> None:
     app = memory_app(task_cls=Recorded,
                      task_annotations={"*": {"max_retries": 9}, "x.slow": {"rate_limit": "5/m"}})

@@ -27,8 +27,13 @@ task that polls the header's results and sends the body (``chords_by_unlock``; t
 producer sends it, a Celery or a celeriac worker runs it). Header tasks only store their
 results. Not Celery's, beside its tables: ``celeriac_chords`` and ``celeriac_chord_parts``,
 where a chord body's claim is kept (``followups.claimed``: a body sent twice runs once
-on celeriac workers). Waiting polls every 0.1 s (Celery's backend polls too; there is
-no NOTIFY).
+on celeriac workers).
+
+Expiry: Celery's table keeps none per result, so a result older than ``result_expires``
+is not returned (``_FRESH``); its row stays until ``cleanup`` (or Celery's
+``celery.backend_cleanup``). Waiting: our writes NOTIFY ``celeriac_celery_taskmeta`` and a
+waiting thread LISTENs on a connection of its own; Celery's writers send nothing, so no
+wait lasts longer than 0.1 s before it reads again.
 """
 
 from __future__ import annotations
