@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -195,9 +194,9 @@ def fleet_factory(celery_venv: Path) -> Iterator[Any]:
 
 
 def settle(predicate: Any, timeout: float = 20.0, message: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)  # sleep-ok: poll interval, bounded by the deadline
+    """``predicate()`` once it is true, or its last value after ``timeout`` (the caller
+    asserts on it)."""
+    try:
+        return wait_until(predicate, timeout, 0.05, message)
+    except TimeoutError:
+        return predicate()

@@ -28,6 +28,7 @@ import pytest
 import redis
 
 from celeriac import Celeriac
+from celeriac.testing import wait_until
 from tests.compat.conftest import HERE, CeleryWorker, celeriac_worker
 from tests.services import require
 
@@ -162,14 +163,12 @@ def test_celery_inspect_lists_celeriac_workers(fleet: dict[str, Any]) -> None:
 
     app: Celeriac = fleet["app"]
     slow = app.send_task("compat.slow_who", (8,), queue=QUEUE)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:  # until the worker has it running
+
+    def running() -> bool:
         active = app.control.inspect(destination=[ours], timeout=1).active() or {}
-        if any(t["id"] == slow.id for t in active.get(ours, [])):
-            break
-        time.sleep(0.1)  # sleep-ok: poll interval, bounded by the deadline
-    else:
-        pytest.fail(f"{slow.id} never active on {ours}")
+        return any(t["id"] == slow.id for t in active.get(ours, []))
+
+    wait_until(running, 15, 0.1, message=f"{slow.id} active on {ours}")
     replies = celery_inspect(fleet, "active")
     (task,) = [t for t in replies[ours] if t["id"] == slow.id]
     assert task["name"] == "compat.slow_who" and task["hostname"] == ours

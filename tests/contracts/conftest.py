@@ -85,12 +85,15 @@ BACKEND_URLS: dict[str, Callable[[Path], str]] = {
 
 
 def _celery_database(tmp: Path) -> str:
-    """Celery's SQLAlchemy tables have fixed names: a database of the suite's own, its
-    tables dropped for each test (a module's tests run one at a time)."""
+    """Celery's SQLAlchemy tables have fixed names: a database for each test process
+    (pytest-xdist's runs several), its tables dropped for each test (a process runs one
+    test at a time)."""
+    import os
+
     import psycopg
 
     server = require("postgres").rsplit("/", 1)[0]
-    name = "celeriac_contract_celery"
+    name = f"celeriac_contract_celery_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
         if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s",
                              (name,)).fetchone():

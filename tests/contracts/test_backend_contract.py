@@ -17,6 +17,8 @@ import pytest
 from celeriac import states
 from celeriac.backends.base import ResultMeta, create_backend
 from celeriac.settings import Settings
+from celeriac.testing import wait_until
+from tests.loops import until
 
 from .conftest import BackendFactory
 
@@ -122,9 +124,8 @@ def test_results_expire_and_cleanup_deletes_them(backend: BackendFactory) -> Non
     forever.store("forever", states.SUCCESS, 3)
     assert short.get("short-1") is not None and short.get("short-2") is not None
 
-    deadline = t0 + 3.0
-    while short.get_many(["short-1", "short-2"]) and time.monotonic() < deadline:
-        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
+    wait_until(lambda: not short.get_many(["short-1", "short-2"]), 3.0,
+               message="the results expired")
     gone_after = time.monotonic() - t0
     assert short.get("short-1") is None, "the result did not expire"
     assert short.get("short-2") is None, "the result did not expire"
@@ -226,9 +227,8 @@ def test_store_many_results_expire(backend: BackendFactory) -> None:
     short = backend(result_expires=0.2)
     short.store_many([short.encode(f"e-{n}", states.SUCCESS, n) for n in range(3)])
     assert len(short.get_many([f"e-{n}" for n in range(3)])) == 3
-    deadline = time.monotonic() + 3.0
-    while short.get_many([f"e-{n}" for n in range(3)]) and time.monotonic() < deadline:
-        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
+    wait_until(lambda: not short.get_many([f"e-{n}" for n in range(3)]), 3.0,
+               message="the results expired")
     assert short.get_many([f"e-{n}" for n in range(3)]) == {}
     assert short.cleanup() == (0 if short.expires_alone else 3)
 
@@ -555,9 +555,7 @@ def test_chord_state_expires_with_results(chords: BackendFactory) -> None:
     # Stored after the chord parts, so it expires no earlier than they do: once it is
     # gone, so are they.
     short.store("sentinel", states.SUCCESS, 1)
-    deadline = time.monotonic() + 3.0
-    while short.get("sentinel") is not None and time.monotonic() < deadline:
-        time.sleep(0.01)  # sleep-ok: polling for the expiry, bounded by the deadline
+    wait_until(lambda: short.get("sentinel") is None, 3.0, message="the result expired")
     assert short.get("sentinel") is None, "the result did not expire"
 
     # Expired but not cleaned up yet: the count starts over, the flag is gone.
@@ -634,12 +632,8 @@ def test_chord_part_from_pool_children_is_relayed_to_a_process_local_backend() -
         pool = PreforkPool(app, 2)
         pool.attach(Client(pool))
         await pool.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
         try:
-            while len(done) < len(calls):
-                assert loop.time() < deadline, f"done: {sorted(done)}"
-                await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+            await until(lambda: len(done) >= len(calls), 20, message="every call done")
         finally:
             await pool.stop()
 

@@ -20,6 +20,7 @@ import pytest
 
 from celeriac import Celeriac, SoftTimeLimitExceeded
 from tests.contracts.test_pool_contract import Consumer, started
+from tests.loops import until
 
 pytestmark = pytest.mark.slow
 
@@ -138,11 +139,7 @@ def test_kill_9_of_a_child_with_50_async_jobs_in_flight_loses_none(app: Celeriac
     async def body(c: Consumer) -> None:
         seqs = c.send(*[3.0] * 100)  # 2 children x 50
         pool = c.pool
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while len(c.started) < 100:
-            assert loop.time() < deadline, len(c.started)
-            await asyncio.sleep(0.01)  # sleep-ok: poll interval under a deadline
+        await until(lambda: len(c.started) >= 100, 5, 0.01, message="100 jobs started")
         victim = next(p for p in pool.children.values() if len(p.tasks) == 50)  # type: ignore[attr-defined]
         os.kill(victim.pid, signal.SIGKILL)
         await c.wait(seqs, timeout=10)

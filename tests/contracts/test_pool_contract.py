@@ -24,6 +24,7 @@ from celeriac import Celeriac
 from celeriac.worker.execute import Job, Outcome
 from celeriac.worker.pool import POOLS
 from celeriac.worker.pool.base import Pool
+from tests.loops import until
 
 pytestmark = pytest.mark.slow
 
@@ -108,21 +109,13 @@ class Consumer:
         return orjson.loads(stored.data)["result"]
 
     async def wait(self, seqs: list[int], timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not all(s in self.done for s in seqs):
-            assert loop.time() < deadline, f"not done in {timeout}s: " \
-                f"{[s for s in seqs if s not in self.done]}"
-            await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+        await until(lambda: all(s in self.done for s in seqs), timeout,
+                    message=f"jobs {seqs} done")
 
 
 async def started(c: Consumer) -> None:
     await c.pool.start()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while c.pool.free_slots() < c.pool.concurrency:
-        assert loop.time() < deadline, "pool not up"
-        await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
+    await until(lambda: c.pool.free_slots() >= c.pool.concurrency, 10, message="pool up")
 
 
 @pytest.mark.parametrize(("name", "kind"), VARIANTS)
@@ -197,11 +190,8 @@ def test_terminate_abandons_running_jobs_without_reporting_them(
         c = Consumer(app, name, 2, kind)
         await started(c)
         c.send(5.0, 5.0, 5.0 if kind == "async" else 0.0)
+        await until(lambda: len(c.started) >= c.pool.concurrency, 5, message="all started")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while len(c.started) < c.pool.concurrency:
-            assert loop.time() < deadline
-            await asyncio.sleep(0.005)  # sleep-ok: poll interval under a deadline
         began = loop.time()
         await c.pool.terminate()
         assert loop.time() - began < 3

@@ -356,10 +356,8 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[int, Callable[[], None], Callabl
 
     def start() -> None:
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
-        deadline = time.monotonic() + 10
-        while not reachable("127.0.0.1", port, 0.1):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)  # sleep-ok: poll interval under a deadline
+        wait_until(lambda: reachable("127.0.0.1", port, 0.1), 10, 0.02,
+                   message="redis-server started")
 
     def stop() -> None:
         procs[-1].kill()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from celeriac import Celeriac
 from celeriac.worker.execute import Job, Outcome
 from celeriac.worker.pool.prefork import PreforkPool
+from tests.loops import until
 
 pytestmark = pytest.mark.slow
 
@@ -26,11 +29,8 @@ def make_app() -> Celeriac:
     return app
 
 
-async def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)  # sleep-ok: poll interval under a deadline
+async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
+    await until(predicate, timeout, 0.01)
 
 
 def test_grow_and_shrink() -> None:

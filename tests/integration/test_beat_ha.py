@@ -25,6 +25,7 @@ import pytest
 from celeriac import Settings
 from celeriac.beat.service import task_id_for
 from celeriac.beat.store import BeatStore, Run, open_store
+from celeriac.testing import wait_until
 from celeriac.transports.base import create_transport
 from tests.contracts.conftest import _drop_redis_namespace
 from tests.services import require
@@ -36,13 +37,7 @@ pytestmark = pytest.mark.slow
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
     """Poll ``check`` until it returns something true; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # sleep-ok: poll interval, bounded by the deadline
+    return wait_until(check, timeout, 0.05, message=what)
 
 
 class Beats:
