@@ -144,10 +144,17 @@ class CeleryDatabaseBackend(ResultBackend):
             self._opened.append((os.getpid(), conn))
         return conn
 
-    def _conn(self) -> psycopg.Connection[tuple[Any, ...]]:
-        held = getattr(self._local, "conn", None)
+    def _held(self, slot: str) -> psycopg.Connection[tuple[Any, ...]] | None:
+        """This thread's open connection in ``slot`` (not one inherited across a fork)."""
+        held = getattr(self._local, slot, None)
         if held is not None and held[0] == os.getpid() and not held[1].closed:
             conn: psycopg.Connection[tuple[Any, ...]] = held[1]
+            return conn
+        return None
+
+    def _conn(self) -> psycopg.Connection[tuple[Any, ...]]:
+        conn = self._held("conn")
+        if conn is not None:
             return conn
         conn = self._open()
         self._local.conn = (os.getpid(), conn)
@@ -284,9 +291,8 @@ class CeleryDatabaseBackend(ResultBackend):
         return self._expires(), self._expires()
 
     def _listener(self) -> psycopg.Connection[tuple[Any, ...]]:
-        held = getattr(self._local, "listener", None)
-        if held is not None and held[0] == os.getpid() and not held[1].closed:
-            conn: psycopg.Connection[tuple[Any, ...]] = held[1]
+        conn = self._held("listener")
+        if conn is not None:
             return conn
         conn = self._open()
         conn.execute(f"LISTEN {CHANNEL}")
