@@ -101,6 +101,13 @@ def test_values_in_the_forms_celerys_docs_show() -> None:
     assert hash(s.accept_content)  # a list made every result read fail (unhashable)
 
 
+def test_chord_retry_interval_is_honoured_from_celerys_names() -> None:
+    app = Celeriac("chords", broker="memory://chords")
+    app.config_from_object({"CELERY_RESULT_CHORD_RETRY_INTERVAL": "0.5"})
+    assert app.settings.result_chord_retry_interval == 0.5  # a setting now, no warning
+    app.close()
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"worker_concurrency": "four"}, "worker_concurrency='four': expected int"),
     ({"task_serializer": "yaml"}, "task_serializer: unknown serializer 'yaml'"),
@@ -110,6 +117,7 @@ def test_values_in_the_forms_celerys_docs_show() -> None:
     ({"task_routes": {"a": {"delivery_mode": 1}}}, r"\['delivery_mode'\] not supported"),
     ({"task_annotations": {"a": {"on_failure": print}}}, "on_failure cannot be annotated"),
     ({"task_default_rate_limit": "fast"}, "task_default_rate_limit: "),
+    ({"result_chord_retry_interval": 0}, "result_chord_retry_interval must be > 0"),
 ])
 def test_bad_values_are_refused_at_load_naming_the_setting(changes: dict[str, Any],
                                                            message: str) -> None:
