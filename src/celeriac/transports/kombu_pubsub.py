@@ -33,14 +33,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
-import redis
-
 from ..control import pidbox
 from ..errors import ConfigurationError, OperationalError
 from . import kombu_wire as kw
 from .base import Subscription
 from .celery_channels import KombuExchanges
 from .kombu_wire import Exchange
+from .redis import RedisSubscription, confirmed
 
 if TYPE_CHECKING:
     import redis.asyncio as aredis
@@ -164,22 +163,9 @@ class RedisExchanges(KombuExchanges):
         name = self.topic(exchange, pattern)
 
         async def open_(client: aredis.Redis, ns: str) -> Subscription:
-            pubsub = client.pubsub(ignore_subscribe_messages=False)
-            try:
-                if pattern:
-                    await pubsub.psubscribe(name)
-                else:
-                    await pubsub.subscribe(name)
-                # Only once Redis confirms is a message published from now on ours.
-                deadline = time.monotonic() + self.conn.settings.broker_connection_timeout
-                while (remaining := deadline - time.monotonic()) > 0:
-                    msg = await pubsub.get_message(timeout=remaining)
-                    if msg is not None and msg["type"] in ("subscribe", "psubscribe"):
-                        return _Fanout(pubsub, name)
-                raise TimeoutError(f"no confirmation of the subscription to {name}")
-            except BaseException:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-                raise
+            pubsub = await confirmed(client, name, self.conn.settings.broker_connection_timeout,
+                                     pattern=bool(pattern))
+            return _Fanout(pubsub, name)
 
         return await self.conn.acall(open_)
 
@@ -193,32 +179,14 @@ class RedisExchanges(KombuExchanges):
         return _ReplyList(self.conn, table, member, self.keys.queue(queue))
 
 
-class _Fanout(Subscription):
+class _Fanout(RedisSubscription):
     """A pub/sub subscription yielding the bodies of kombu envelopes."""
 
-    def __init__(self, pubsub: aredis.client.PubSub, name: str) -> None:
-        self.pubsub = pubsub
-        self.name = name
-
-    async def get(self, timeout: float) -> bytes | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = max(deadline - time.monotonic(), 0.0)
-            try:
-                msg = await self.pubsub.get_message(ignore_subscribe_messages=True,
-                                                    timeout=remaining)
-            except (redis.RedisError, OSError) as exc:
-                raise OperationalError(f"subscription to {self.name} lost: {exc}") from exc
-            if msg is not None and msg["type"] in ("message", "pmessage"):
-                body = kw.broadcast_body(msg["data"])
-                if body is not None:
-                    return body
-                logger.debug("not a kombu message on %s: %r", self.name, msg["data"][:200])
-            elif remaining <= 0:
-                return None
-
-    async def close(self) -> None:
-        await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+    def body(self, data: bytes) -> bytes | None:
+        body = kw.broadcast_body(data)
+        if body is None:
+            logger.debug("not a kombu message on %s: %r", self.where, data[:200])
+        return body
 
 
 class _ReplyList(Subscription):

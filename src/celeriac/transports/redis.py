@@ -371,19 +371,9 @@ class RedisTransport(Transport):
 
     async def subscribe(self, channel: str) -> Subscription:
         async def open_(client: aredis.Redis, ns: str) -> Subscription:
-            pubsub = client.pubsub(ignore_subscribe_messages=False)
-            try:
-                await pubsub.subscribe(f"{ns}:bc:{channel}")
-                # Only once Redis confirms is a broadcast sent from now on sure to reach us.
-                deadline = time.monotonic() + self.settings.broker_connection_timeout
-                while (remaining := deadline - time.monotonic()) > 0:
-                    msg = await pubsub.get_message(timeout=remaining)
-                    if msg is not None and msg["type"] == "subscribe":
-                        return _RedisSubscription(pubsub, self.conn.endpoint.safe)
-                raise TimeoutError("no confirmation of SUBSCRIBE")
-            except BaseException:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-                raise
+            pubsub = await confirmed(client, f"{ns}:bc:{channel}",
+                                     self.settings.broker_connection_timeout)
+            return RedisSubscription(pubsub, self.conn.endpoint.safe)
 
         return await self.conn.acall(open_)
 
@@ -391,10 +381,35 @@ class RedisTransport(Transport):
         self.conn.close()
 
 
-class _RedisSubscription(Subscription):
+async def confirmed(client: aredis.Redis, name: str, timeout: float, *,
+                    pattern: bool = False) -> aredis.client.PubSub:
+    """A pub/sub connection subscribed to ``name`` (PSUBSCRIBE with ``pattern``), once the
+    server has confirmed it: only from then on is a message published ours."""
+    pubsub = client.pubsub(ignore_subscribe_messages=False)
+    kind = "psubscribe" if pattern else "subscribe"
+    try:
+        await (pubsub.psubscribe(name) if pattern else pubsub.subscribe(name))
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            msg = await pubsub.get_message(timeout=remaining)
+            if msg is not None and msg["type"] == kind:
+                return pubsub
+        raise TimeoutError(f"no confirmation of the subscription to {name}")
+    except BaseException:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        raise
+
+
+class RedisSubscription(Subscription):
+    """Messages of a confirmed subscription (``confirmed``); ``body`` picks what to
+    return of each (None: skip it)."""
+
     def __init__(self, pubsub: aredis.client.PubSub, where: str) -> None:
         self.pubsub = pubsub
         self.where = where
+
+    def body(self, data: bytes) -> bytes | None:
+        return data
 
     async def get(self, timeout: float) -> bytes | None:
         deadline = time.monotonic() + timeout
@@ -405,10 +420,11 @@ class _RedisSubscription(Subscription):
                                                     timeout=remaining)
             except (redis.RedisError, OSError) as exc:
                 raise OperationalError(f"subscription on {self.where} lost: {exc}") from exc
-            if msg is not None and msg["type"] == "message":
-                data: bytes = msg["data"]
-                return data
-            if remaining <= 0:
+            if msg is not None and msg["type"] in ("message", "pmessage"):
+                body = self.body(msg["data"])
+                if body is not None:
+                    return body
+            elif remaining <= 0:
                 return None
 
     async def close(self) -> None:

@@ -43,10 +43,11 @@ from .base import DeadLetter, Outgoing, Subscription, Transport
 from .redis import (
     _BLOCK_GUARD,
     _PURGE_BATCH,
+    RedisSubscription,
     RedisTransport,
     _delay_ms,
     _message,
-    _RedisSubscription,
+    confirmed,
 )
 
 if TYPE_CHECKING:
@@ -375,26 +376,19 @@ class RedisClusterTransport(RedisTransport):
 
     async def subscribe(self, channel: str) -> Subscription:
         client = await self.cluster.node_client()
-        pubsub = client.pubsub(ignore_subscribe_messages=False)
         try:
-            await pubsub.subscribe(f"{self.cluster.endpoint.namespace}:bc:{channel}")
-            # Only once the node confirms is a broadcast sent from now on sure to reach us.
-            deadline = time.monotonic() + self.settings.broker_connection_timeout
-            while (remaining := deadline - time.monotonic()) > 0:
-                msg = await pubsub.get_message(timeout=remaining)
-                if msg is not None and msg["type"] == "subscribe":
-                    return _ClusterSubscription(pubsub, self.cluster.endpoint.safe, client)
-            raise TimeoutError("no confirmation of SUBSCRIBE")
+            pubsub = await confirmed(client, f"{self.cluster.endpoint.namespace}:bc:{channel}",
+                                     self.settings.broker_connection_timeout)
         except BaseException:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
             await client.aclose()
             raise
+        return _ClusterSubscription(pubsub, self.cluster.endpoint.safe, client)
 
     def close(self) -> None:
         self.cluster.close()
 
 
-class _ClusterSubscription(_RedisSubscription):
+class _ClusterSubscription(RedisSubscription):
     def __init__(self, pubsub: aredis.client.PubSub, where: str, client: aredis.Redis) -> None:
         super().__init__(pubsub, where)
         self.client = client
