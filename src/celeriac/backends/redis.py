@@ -33,7 +33,7 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..redisclient import Connector
@@ -41,8 +41,13 @@ from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     import redis
+    from redis.cluster import RedisCluster
 
+    from ..redisclient.cluster import ClusterConnector
     from ..settings import Settings
+
+    Client = redis.Redis | RedisCluster
+    """What the calls shared with ``redis_cluster.py`` are made on: a command both offer."""
 
 FEED_LENGTH = 100_000
 """Change entries kept; a waiter that falls further behind rescans what it waits for."""
@@ -97,16 +102,19 @@ class RedisBackend(ResultBackend):
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
         # The socket timeout covers the longest block plus a slow network.
-        self.conn = Connector(url.split(";"), settings, "result backend",
-                              read_timeout=settings.broker_connection_timeout + _MAX_BLOCK,
-                              options=settings.result_backend_transport_options)
+        self.conn: Connector | ClusterConnector = self.connector(
+            url.split(";"), settings, "result backend",
+            read_timeout=settings.broker_connection_timeout + _MAX_BLOCK,
+            options=settings.result_backend_transport_options)
         self._local = threading.local()
+
+    connector: Callable[..., Connector | ClusterConnector] = Connector
 
     def store_many(self, items: Sequence[Stored]) -> None:
         if not items:
             return
 
-        def store(client: redis.Redis, ns: str) -> None:
+        def store(client: Client, ns: str) -> None:
             now = time.time()
             with client.pipeline(transaction=True) as pipe:
                 for task_id, content_type, data, expires_at in items:
@@ -128,15 +136,18 @@ class RedisBackend(ResultBackend):
         if not task_ids:
             return {}
 
-        def read(client: redis.Redis, ns: str) -> list[bytes | None]:
-            # decode_responses is off: values are bytes (redis-py types them loosely).
-            return cast("list[bytes | None]", client.mget([f"{ns}:r:{t}" for t in task_ids]))
+        def read(client: Client, ns: str) -> list[bytes | None]:
+            return self._mget(client, [f"{ns}:r:{t}" for t in task_ids])
 
         return _values(task_ids, self.conn.call(read))
 
+    def _mget(self, client: Client, keys: list[str]) -> list[bytes | None]:
+        # decode_responses is off: values are bytes (redis-py types them loosely).
+        return cast("list[bytes | None]", client.mget(keys))
+
     # -- the change feed ------------------------------------------------------------------
     def _cursor(self) -> int:
-        def read(client: redis.Redis, ns: str) -> list[Any]:
+        def read(client: Client, ns: str) -> list[Any]:
             return cast("list[Any]", client.xrevrange(f"{ns}:changes", count=1))
 
         last = self.conn.call(read)
@@ -176,36 +187,42 @@ class RedisBackend(ResultBackend):
             last = self._local.last
         # XREAD's BLOCK 0 means forever: at least one millisecond.
         block = max(1, int(min(timeout, _MAX_BLOCK) * 1000))
-
-        def wait_read(client: redis.Redis, ns: str) -> list[Any]:
-            # Pipelined: Redis runs the MGET only once the XREAD returns, so the values
-            # come back in the same round trip as the wake-up, and are at least as new
-            # (a store writes its value and its feed entry in one transaction or script).
-            pipe = client.pipeline(transaction=False)
-            pipe.xread({f"{ns}:changes": last}, count=_PAGE, block=block)
-            if task_ids:
-                pipe.mget([f"{ns}:r:{t}" for t in task_ids])
-            return pipe.execute()
-
-        replies = self.conn.call(wait_read)
-        if replies[0]:
+        woken, values = self.conn.call(functools.partial(
+            self._block_read, last=last, block=block, task_ids=task_ids))
+        if woken:
             # Past what it returned: the next wait sleeps until something newer (a
             # waiter that rereads its ids directly never calls _changes to move it).
-            self._local.last = replies[0][0][1][-1][0].decode()
-        return _values(task_ids, replies[1]) if task_ids else None
+            self._local.last = woken[0][1][-1][0].decode()
+        return _values(task_ids, values) if task_ids else None
+
+    def _block_read(self, client: Client, ns: str, last: str, block: int,
+                    task_ids: Sequence[str]) -> tuple[list[Any], list[bytes | None]]:
+        """XREAD BLOCK past ``last``, then the values of ``task_ids``."""
+        # Pipelined: Redis runs the MGET only once the XREAD returns, so the values come
+        # back in the same round trip as the wake-up, and are at least as new (a store
+        # writes its value and its feed entry in one transaction or script).
+        pipe = client.pipeline(transaction=False)
+        pipe.xread({f"{ns}:changes": last}, count=_PAGE, block=block)
+        if task_ids:
+            pipe.mget([f"{ns}:r:{t}" for t in task_ids])
+        replies = pipe.execute()
+        return replies[0], replies[1] if task_ids else []
 
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         expires = self.settings.result_expires
         ttl = max(1, math.ceil(expires * 1000)) if expires else 0
 
-        def part(client: redis.Redis, ns: str) -> Any:
+        def part(client: Client, ns: str) -> Any:
             # One script, so no other client's command runs between the SADD, the SCARD
             # and the SET NX (a MULTI could not branch on the count).
             script = client.register_script(CHORD_PART)
-            return script(keys=[f"{ns}:chord:{group_id}:parts", f"{ns}:chord:{group_id}:fired"],
-                          args=[task_id, size, ttl])
+            return script(keys=self._chord_keys(ns, group_id), args=[task_id, size, ttl])
 
         return int(self.conn.call(part)) == 1
+
+    def _chord_keys(self, ns: str, group_id: str) -> list[str]:
+        """The chord's parts set and fired flag."""
+        return [f"{ns}:chord:{group_id}:parts", f"{ns}:chord:{group_id}:fired"]
 
     def store_part(self, part: Stored, group_id: str, size: int,
                    index: int | None = None) -> bool:
@@ -213,12 +230,12 @@ class RedisBackend(ResultBackend):
         ttl = max(1, math.ceil(expires * 1000)) if expires else 0
         task_id, content_type, data, expires_at = part
 
-        def store_and_count(client: redis.Redis, ns: str) -> Any:
+        def store_and_count(client: Client, ns: str) -> Any:
             now = time.time()
             px = expiry_ms(expires_at, now) if expires_at is not None else 0
             script = client.register_script(STORE_PART)
             return script(keys=[f"{ns}:r:{task_id}", f"{ns}:expiring", f"{ns}:changes",
-                                f"{ns}:chord:{group_id}:parts", f"{ns}:chord:{group_id}:fired"],
+                                *self._chord_keys(ns, group_id)],
                           args=[task_id, encode_value(content_type, data), px,
                                 expires_at or 0, size, ttl, FEED_LENGTH])
 
@@ -226,8 +243,10 @@ class RedisBackend(ResultBackend):
 
     # -- maintenance ----------------------------------------------------------------------
     def forget(self, task_id: str) -> None:
-        def drop(client: redis.Redis, ns: str) -> None:
-            with client.pipeline(transaction=True) as pipe:
+        def drop(client: Client, ns: str) -> None:
+            # Not a transaction: on a Cluster the two keys are in different slots, and the
+            # expiry index only feeds cleanup()'s count.
+            with client.pipeline(transaction=False) as pipe:
                 pipe.delete(f"{ns}:r:{task_id}")
                 pipe.zrem(f"{ns}:expiring", task_id)
                 pipe.execute()
@@ -265,7 +284,7 @@ def expiry_ms(expires_at: float, now: float) -> int:
     return max(1, math.ceil((expires_at - now) * 1000))
 
 
-def _read_feed(client: redis.Redis, ns: str, start: str) -> list[Any]:
+def _read_feed(client: Client, ns: str, start: str) -> list[Any]:
     """One page of entries after ``start``, the feed's length, and its first entry."""
     feed = f"{ns}:changes"
     pipe = client.pipeline(transaction=False)
