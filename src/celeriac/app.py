@@ -9,7 +9,16 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Literal,
+    NamedTuple,
+    ParamSpec,
+    TypeVar,
+    overload,
+)
 
 from . import _state, config, serialization, signals
 from . import result as _result
@@ -78,7 +87,7 @@ class Celeriac:
         self.hooks = HookRunner()
         self._finalized = False
         self._autodiscover: list[tuple[Any, str]] = []
-        self._routers: tuple[Settings, tuple[config.Router, ...]] | None = None
+        self._routers: _Routing | None = None
         self._transport: Transport | None = None
         self._relay: Publisher | None = None
         """In a pool child whose broker lives in the worker's memory: where it publishes."""
@@ -332,14 +341,28 @@ class Celeriac:
         settings = self.settings
         if not settings.task_routes:
             return settings.task_default_queue
-        cached = self._routers
-        if cached is None or cached[0] is not settings:
-            cached = self._routers = (settings, config.routers(settings.task_routes))
-        for router in cached[1]:
+        for router in self._routing().routers:
             queue = router(task_name)
             if queue:
                 return queue
         return settings.task_default_queue
+
+    @property
+    def default_queues(self) -> list[str]:
+        """The queues a worker started without ``-Q`` consumes: those of ``task_queues``,
+        else ``task_default_queue`` (Celery's rule)."""
+        declared = self._routing().declared
+        return [q.name for q in declared] or [self.settings.task_default_queue]
+
+    def _routing(self) -> _Routing:
+        settings = self.settings
+        cached = self._routers
+        if cached is None or cached.settings is not settings:
+            declared = config.declared_queues(settings.task_queues)
+            routers = config.routers(settings.task_routes or {}, declared)
+            by_key = {q.routing_key: q.name for q in declared}
+            cached = self._routers = _Routing(settings, routers, declared, by_key)
+        return cached
 
     def AsyncResult(self, task_id: str) -> _result.AsyncResult[Any]:
         return _result.AsyncResult(task_id, self)
@@ -506,7 +529,8 @@ class Celeriac:
             extra["root_id"] = root_id or (current.root_id or current.id if current else None)
         message, queue, delay = self._build(
             name, args, kwargs, countdown=countdown, eta=eta, expires=expires,
-            queue=queue or routing_key, priority=priority, task_id=task_id,
+            queue=queue or self._routing().by_key.get(routing_key or "", routing_key),
+            priority=priority, task_id=task_id,
             headers=extra or None, serializer=serializer, retries=retries,
             time_limit=time_limit, soft_time_limit=soft_time_limit,
             ignore_result=ignore_result,
@@ -651,6 +675,16 @@ class Celeriac:
 
 TASK_OPTIONS = frozenset(f.name for f in fields(TaskOptions)) - {"name"}
 _MISSING: Any = object()
+
+
+class _Routing(NamedTuple):
+    """What ``task_routes`` and ``task_queues`` make of one ``Settings``."""
+
+    settings: Settings
+    routers: tuple[config.Router, ...]
+    declared: tuple[config.DeclaredQueue, ...]
+    by_key: dict[str, str]
+    """routing key -> the declared queue bound by it."""
 
 
 def _class_default(base: type[Task[Any, Any]], option: str) -> Any:

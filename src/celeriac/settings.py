@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._celery_names import DEFAULTS as CELERY_DEFAULTS
-from .config import annotators, coerce, from_mapping, object_values, routers, translate
+from .config import (
+    annotators,
+    coerce,
+    declared_queues,
+    from_mapping,
+    object_values,
+    routers,
+    translate,
+)
 from .errors import ConfigurationError
 from .serialization import accepted_content_types, get_serializer
 
@@ -41,6 +49,11 @@ class Settings:
     ``{"queue": name}``; a router function (of the task name, or Celery's ``(name, args,
     kwargs, options, task=None, **kw)``) returning either; or a list of those, tried in
     order. No match: ``task_default_queue``."""
+    task_queues: Any = None
+    """Celery's forms: kombu ``Queue`` objects (direct exchanges), queue names, or a dict
+    of name -> ``{"exchange": ..., "routing_key": ...}``. A worker started without ``-Q``
+    consumes them all (else ``task_default_queue``); a route's or ``apply_async``'s
+    ``routing_key`` reaches the queue bound by it."""
     task_annotations: Any = None
     """Celery's forms: ``{"tasks.add": {"rate_limit": "10/s"}, "*": {...}}``, an object
     with ``annotate(task)``, or a list of those; option values that override the tasks'."""
@@ -235,7 +248,8 @@ class Settings:
             accepted_content_types(self.accept_content)
         except ConfigurationError as exc:
             raise ConfigurationError(f"accept_content: {exc}") from None
-        routers(self.task_routes if self.task_routes is not None else {})
+        routers(self.task_routes if self.task_routes is not None else {},
+                declared_queues(self.task_queues))
         if self.task_annotations is not None:
             annotators(self.task_annotations)
         for name in ("task_default_rate_limit",):
@@ -387,6 +401,8 @@ def _parse(name: str, hint: Any, raw: str) -> Any:
     """Turn an environment string into the field's type."""
     if name == "task_routes":
         hint = Mapping[str, str]  # the one form an environment variable can spell
+    elif name == "task_queues":
+        hint = tuple[str, ...]  # queue names
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         if type(None) in args and raw.strip().lower() in ("", "none", "null"):

@@ -199,3 +199,64 @@ def test_routers_in_celerys_forms() -> None:
     app = Celeriac("routes", broker="memory://routes", settings=s)
     assert [app.route(n) for n in ("f.x", "b.y", "c.z")] == ["fast", "bulk", "celery"]
     app.close()
+
+
+def test_task_queues_in_celerys_forms() -> None:
+    from kombu import Exchange, Queue
+
+    s = Settings(task_queues=[Queue("default"), Queue("feeds", routing_key="feed.import"),
+                              Queue("media", Exchange("media"), routing_key="media.video",
+                                    queue_arguments={"x-max-priority": 10})],
+                 task_routes={"f.*": {"routing_key": "feed.import"},
+                              "m.*": {"exchange": "media", "routing_key": "media.video"},
+                              "q.*": {"queue": "default"}})
+    app = Celeriac("queues", broker="memory://queues", settings=s)
+    assert app.default_queues == ["default", "feeds", "media"]
+    assert [app.route(n) for n in ("f.x", "m.x", "q.x", "other")] == [
+        "feeds", "media", "default", "celery"]
+    app.send_task("other", routing_key="media.video")
+    app.send_task("other", routing_key="unbound")  # no queue bound by it: the queue of that name
+    assert app.transport.queue_length("media") == 1
+    assert app.transport.queue_length("unbound") == 1
+    app.close()
+
+    # Celery's old dict (CELERY_QUEUES), plain names, and the environment's names.
+    old = Settings.from_object({"CELERY_QUEUES": {"a": {"exchange": "a", "routing_key": "a.1"},
+                                                   "b": {}}})
+    assert Celeriac("o", broker="memory://o", settings=old).default_queues == ["a", "b"]
+    assert Celeriac("n", broker="memory://n",
+                    settings=Settings(task_queues=["x", "y"])).default_queues == ["x", "y"]
+    env = Settings.from_env({"CELERIAC_TASK_QUEUES": "hi, lo"})
+    assert Celeriac("e", broker="memory://e", settings=env).default_queues == ["hi", "lo"]
+    # Without task_queues a worker consumes the default queue.
+    assert Celeriac("d", broker="memory://d").default_queues == ["celery"]
+
+
+@pytest.mark.parametrize(("queues", "message"), [
+    (lambda k: [k.Queue("t", k.Exchange("t", type="topic"), routing_key="t.#")],
+     "queue 't' is bound to a topic exchange"),
+    (lambda k: [k.Queue("f", k.Exchange("f", type="fanout"))],
+     "queue 'f' is bound to a fanout exchange"),
+    (lambda k: [k.Queue("b", bindings=[k.binding(k.Exchange("x"), routing_key="1"),
+                                       k.binding(k.Exchange("x"), routing_key="2")])],
+     "queue 'b' has several bindings"),
+    (lambda k: [k.Queue("ttl", queue_arguments={"x-message-ttl": 1000})],
+     r"queue 'ttl': queue_arguments \['x-message-ttl'\] are not supported"),
+    (lambda k: [k.Queue("a", routing_key="k"), k.Queue("b", routing_key="k")],
+     "queues 'a' and 'b' are bound by the same routing key 'k'"),
+    (lambda k: ["a", "a"], "queue 'a' is declared twice"),
+    (lambda k: "a,b", "task_queues: expected a list of queues, got str"),
+    (lambda k: [42], "expected a queue name or a kombu Queue, got 42"),
+    (lambda k: {"t": {"exchange_type": "topic"}}, "queue 't' is bound to a topic exchange"),
+])
+def test_task_queues_that_route_otherwise_here_are_refused_naming_the_queue(
+        queues: Any, message: str) -> None:
+    import kombu
+
+    with pytest.raises(ConfigurationError, match=message):
+        Settings(task_queues=queues(kombu))
+
+
+def test_a_route_through_an_exchange_no_declared_queue_is_bound_to_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="exchange 'media' is not supported"):
+        Settings(task_routes={"m.*": {"exchange": "media", "routing_key": "media.video"}})

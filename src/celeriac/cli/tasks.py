@@ -58,13 +58,15 @@ def result(load: AppLoader, task_id: str, show_tb: bool) -> None:
 
 
 @click.command()
-@click.option("-Q", "--queues", default=None, help="Comma-separated queues (default queue).")
+@click.option("-Q", "--queues", default=None,
+              help="Comma-separated queues (default: the worker's, task_queues or the "
+                   "default queue).")
 @click.option("-f", "--force", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def purge(load: AppLoader, queues: str | None, force: bool) -> None:
     """Delete every waiting message in the queues."""
     app = load()
-    names = [q.strip() for q in queues.split(",")] if queues else [app.settings.task_default_queue]
+    names = [q.strip() for q in queues.split(",")] if queues else app.default_queues
     waiting = sum(app.transport.queue_length(q) for q in names)
     if not force:
         click.confirm(f"Purge {waiting} message(s) from {', '.join(names)}?", abort=True)

@@ -67,7 +67,11 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.command()
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=None,
               help="Pool size (default: number of CPUs; 1 for solo).")
-@click.option("-Q", "--queues", default=None, help="Comma-separated queues to consume.")
+@click.option("-Q", "--queues", default=None,
+              help="Comma-separated queues to consume (default: task_queues, else the "
+                   "default queue).")
+@click.option("-X", "--exclude-queues", default=None,
+              help="Comma-separated queues not to consume, of those -Q or task_queues give.")
 @click.option("-l", "--loglevel", type=click.Choice(LEVELS, case_sensitive=False),
               default="warning", show_default=True)
 @click.option("-n", "--hostname", default=None, callback=_hostname,
@@ -106,7 +110,8 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--without-mingle", is_flag=True, default=False,
               help="Do not ask peers for their revoked ids at startup.")
 @click.pass_obj
-def worker(load: AppLoader, concurrency: int | None, queues: str | None, loglevel: str,
+def worker(load: AppLoader, concurrency: int | None, queues: str | None,
+           exclude_queues: str | None, loglevel: str,
            hostname: str, logfile: str | None, pidfile: str | None, pool: str | None,
            autoscale: tuple[int, int] | None,
            max_tasks_per_child: int | None, max_memory_per_child: int | None,
@@ -148,7 +153,12 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
             # Written once the broker answers: `celeriac multi start` takes the file for
             # "started".
             lock.acquire()
-        queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+        queue_list = _names(queues) or app.default_queues
+        if exclude_queues:
+            excluded = set(_names(exclude_queues))
+            queue_list = [q for q in queue_list if q not in excluded]
+            if not queue_list:
+                raise click.UsageError(f"-X {exclude_queues} leaves no queue to consume")
         w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list,
                    pool=pool, autoscale=autoscale, task_events=task_events or None,
                    heartbeat=False if without_heartbeat else None, beat=beat,
@@ -161,3 +171,8 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None, logleve
         if lock is not None:
             lock.release()
     sys.exit(code)
+
+
+def _names(option: str | None) -> list[str]:
+    """A comma-separated option as a list of names."""
+    return [q.strip() for q in option.split(",") if q.strip()] if option else []

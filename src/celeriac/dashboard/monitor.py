@@ -239,9 +239,9 @@ class Monitor:
 
     # -- queues ------------------------------------------------------------------------
     def queue_names(self) -> list[str]:
-        default = self.app.settings.task_default_queue
-        rest = sorted((self.seen_queues | set(self.extra_queues)) - {default})
-        return [default, *rest]
+        declared = self.app.default_queues
+        rest = sorted((self.seen_queues | set(self.extra_queues)) - set(declared))
+        return [*declared, *rest]
 
     def queues_payload(self) -> list[dict[str, Any]]:
         return [{"name": q, "length": self.queue_lengths.get(q),

@@ -85,7 +85,7 @@ class Worker:
         if concurrency is None:
             concurrency = 1 if pool == "solo" else os.cpu_count() or 1
         self.concurrency = concurrency
-        self.queues = list(queues or [app.settings.task_default_queue])
+        self.queues = list(queues or app.default_queues)
         settings = app.settings
         self.task_events = settings.worker_send_task_events if task_events is None else task_events
         self.heartbeat = settings.worker_enable_heartbeat if heartbeat is None else heartbeat
