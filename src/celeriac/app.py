@@ -21,6 +21,7 @@ from typing import (
 )
 
 from . import _state, config, serialization, signals
+from . import compression as _compression
 from . import result as _result
 from ._loading import django_apps, load_object
 from ._messages import EMPTY_EMBED, absolute_time, encode_body, split_call, validate_priority
@@ -260,7 +261,8 @@ class Celeriac:
         retry_backoff_max: float = ..., retry_jitter: bool = ..., acks_late: bool | None = ...,
         time_limit: float | None = ..., soft_time_limit: float | None = ...,
         ignore_result: bool | None = ..., expires: float | timedelta | datetime | None = ...,
-        serializer: str | None = ..., track_started: bool | None = ...,
+        serializer: str | None = ..., compression: str | None = ...,
+        track_started: bool | None = ...,
         rate_limit: str | float | None = ..., global_rate_limit: str | float | None = ...,
     ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
@@ -274,7 +276,8 @@ class Celeriac:
         retry_backoff_max: float = ..., retry_jitter: bool = ..., acks_late: bool | None = ...,
         time_limit: float | None = ..., soft_time_limit: float | None = ...,
         ignore_result: bool | None = ..., expires: float | timedelta | datetime | None = ...,
-        serializer: str | None = ..., track_started: bool | None = ...,
+        serializer: str | None = ..., compression: str | None = ...,
+        track_started: bool | None = ...,
         rate_limit: str | float | None = ..., global_rate_limit: str | float | None = ...,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -361,7 +364,8 @@ class Celeriac:
             declared = config.declared_queues(settings.task_queues)
             routers = config.routers(settings.task_routes or {}, declared)
             by_key = {q.routing_key: q.name for q in declared}
-            cached = self._routers = _Routing(settings, routers, declared, by_key)
+            exchanges = frozenset(q.exchange for q in declared if q.exchange)
+            cached = self._routers = _Routing(settings, routers, declared, by_key, exchanges)
         return cached
 
     def AsyncResult(self, task_id: str) -> _result.AsyncResult[Any]:
@@ -413,11 +417,9 @@ class Celeriac:
         ``queue`` is not given (the default exchange routes by queue name); ``retry`` and
         ``retry_policy`` (``max_retries``) govern this publish's reconnection attempts;
         ``shadow`` is the name logs and events show; ``link`` and ``link_error`` (a
-        signature or a list of them) run after the task, with its result or its failure.
-        ``compression`` raises ``ConfigurationError`` (nothing is sent)."""
-        if compression is not None:
-            raise ConfigurationError(f"send_task({name!r}): compression= is not supported "
-                                     "(messages are not compressed); nothing was sent")
+        signature or a list of them) run after the task, with its result or its failure;
+        ``compression`` (``"gzip"``, ``"bzip2"``, ``"lzma"``) overrides
+        ``task_compression``."""
         embed = None
         if link is not None or link_error is not None:
             embed = {"callbacks": self._linked(link, "link"),
@@ -428,7 +430,7 @@ class Celeriac:
             serializer=serializer, retries=retries, time_limit=time_limit,
             soft_time_limit=soft_time_limit, ignore_result=ignore_result, shadow=shadow,
             routing_key=routing_key, exchange=exchange, parent_id=parent_id, root_id=root_id,
-            group_id=group_id, add_to_parent=add_to_parent)
+            group_id=group_id, add_to_parent=add_to_parent, compression=compression)
         queue, message, delay = item.queue, item.message, item.delay
         if self.hooks:
             self.hooks.call("before_publish", message, queue)
@@ -465,6 +467,7 @@ class Celeriac:
         priority: int | None = None,
         countdown: float | None = None,
         serializer: str | None = None,
+        compression: str | None = None,
         chunk_size: int = 1000,
     ) -> list[_result.AsyncResult[Any]]:
         """Send task ``name`` once per call in ``calls``, ``chunk_size`` per broker round trip.
@@ -483,6 +486,7 @@ class Celeriac:
                 name, args, kwargs, countdown=countdown, eta=None, expires=None, queue=queue,
                 priority=priority, task_id=None, headers=None, serializer=serializer,
                 retries=0, time_limit=None, soft_time_limit=None, ignore_result=False,
+                compression=compression,
             )
             chunk.append(Outgoing(q, message, delay))
             results.append(_result.AsyncResult(message.headers["id"], self, name))
@@ -505,16 +509,18 @@ class Celeriac:
         shadow: str | None = None, routing_key: str | None = None,
         exchange: str | None = None, parent_id: str | None = None, root_id: str | None = None,
         group_id: str | None = None, add_to_parent: bool = True,
+        compression: str | None = None,
     ) -> Outgoing:
         """A message as ``send_task`` would publish it, with a canvas ``embed`` (chain,
         callbacks, errbacks) and a ``group_index``; ``publish_prepared`` sends it.
 
         Canvas builds messages ahead of publishing them (a group: a chunk of messages per
         round trip), so this is ``send_task`` without the publish."""
-        if exchange not in (None, ""):
+        if exchange not in (None, "") and exchange not in self._routing().exchanges:
             raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
                                      "supported: messages go to the queue named by queue= "
-                                     "or routing_key=; nothing was sent")
+                                     "or routing_key= (or bound by it in task_queues); "
+                                     "nothing was sent")
         extra = dict(headers) if headers else {}
         if shadow is not None:
             extra["shadow"] = shadow
@@ -533,7 +539,7 @@ class Celeriac:
             priority=priority, task_id=task_id,
             headers=extra or None, serializer=serializer, retries=retries,
             time_limit=time_limit, soft_time_limit=soft_time_limit,
-            ignore_result=ignore_result,
+            ignore_result=ignore_result, compression=compression,
         )
         if current is not None:
             current.add_child(_result.AsyncResult(message.headers["id"], self, name))
@@ -543,6 +549,8 @@ class Celeriac:
             content_type, body = serialization.dumps(
                 (list(args or ()), dict(kwargs or {}), {**EMPTY_EMBED, **embed}),
                 serializer or self.settings.task_serializer)
+            if _compression.HEADER in message.headers:
+                _, body = _compression.compress(body, message.headers[_compression.HEADER])
             message = Message(message.headers, body, content_type, message.content_encoding,
                               message.properties)
         return Outgoing(queue, message, delay)
@@ -608,7 +616,7 @@ class Celeriac:
         expires: float | timedelta | datetime | None, queue: str | None,
         priority: int | None, task_id: str | None, headers: Mapping[str, Any] | None,
         serializer: str | None, retries: int, time_limit: float | None,
-        soft_time_limit: float | None, ignore_result: bool,
+        soft_time_limit: float | None, ignore_result: bool, compression: str | None = None,
     ) -> tuple[Message, str, float | None]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
@@ -634,6 +642,14 @@ class Celeriac:
         delay = (eta - now).total_seconds() if eta is not None else None
         serializer = serializer or self.settings.task_serializer
         content_type, body = encode_body(name, args, kwargs, serializer)
+        compression = compression or self.settings.task_compression
+        if compression is not None:
+            try:
+                kind, body = _compression.compress(body, compression)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
+                                         "published") from None
+            headers = {**(headers or {}), _compression.HEADER: kind}
         a_repr, k_repr = args_repr(args, kwargs)
         h = task_headers(
             task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
@@ -685,6 +701,8 @@ class _Routing(NamedTuple):
     declared: tuple[config.DeclaredQueue, ...]
     by_key: dict[str, str]
     """routing key -> the declared queue bound by it."""
+    exchanges: frozenset[str]
+    """The direct exchanges declared queues are bound to (``exchange=`` may name one)."""
 
 
 def _class_default(base: type[Task[Any, Any]], option: str) -> Any:
@@ -695,6 +713,11 @@ def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
     validate_priority(options.get("priority"))
     if options.get("serializer") is not None:
         serialization.get_serializer(options["serializer"])
+    if options.get("compression") is not None:
+        try:
+            _compression.content_type(options["compression"])
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {name!r}: compression: {exc}") from None
     for option in ("rate_limit", "global_rate_limit"):
         if options.get(option) is not None:
             from .worker.ratelimit import parse_rate

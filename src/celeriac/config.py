@@ -91,8 +91,6 @@ HARMLESS: dict[str, str] = {
 """Accepted, with one warning naming the reason."""
 
 REFUSED: dict[str, str] = {
-    "task_compression": "message compression is not supported",
-    "result_compression": "result compression is not supported",
     "task_default_exchange": "messages go to the queue named by task_routes; custom "
                              "exchanges are not supported",
     "task_default_exchange_type": "custom exchanges are not supported",

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from . import compression
 from .errors import DecodeError
 
 REQUIRED_HEADERS = ("task", "id")
@@ -195,6 +196,10 @@ def validate_headers(headers: Any) -> str | None:
         value = headers.get(name)
         if value is not None and parse_time(value) is None:
             return f"{name!r} header {_show(value)} is not an ISO 8601 time within years 1-9999"
+    packed = headers.get(compression.HEADER)
+    if packed is not None and not compression.known(packed):
+        return (f"'compression' header {_show(packed)} is not a compression this worker "
+                f"can undo ({', '.join(compression.CONTENT_TYPES)})")
     limits = headers.get("timelimit")
     if limits is not None and not _valid_limits(limits):
         return (f"'timelimit' header {_show(limits)} is not [hard, soft] with each a number "

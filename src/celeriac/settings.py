@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import compression
 from ._celery_names import DEFAULTS as CELERY_DEFAULTS
 from .config import (
     annotators,
@@ -211,6 +212,14 @@ class Settings:
     worker_mingle_timeout: float = 1.0
     """Longest wait at startup for peers' revoked ids (``Mingle``)."""
 
+    task_compression: str | None = None
+    """Compress task messages' bodies: ``"gzip"`` (zlib), ``"bzip2"`` or ``"lzma"``, as
+    kombu names them; the message's ``compression`` header says which. A worker
+    decompresses whatever it receives, set or not."""
+    result_compression: str | None = None
+    """The same for stored results, written as Celery 5.7 writes them (the method named
+    in-band); readers decompress whatever they read. Celery's database layout
+    (``db+postgresql://``) stores them uncompressed, as Celery's does."""
     max_message_size: int = 64 * 1024 * 1024
     """Bytes. A larger message is refused at publish (``MessageTooLarge``, nothing is
     published), and dead-lettered by a worker that receives one."""
@@ -316,6 +325,13 @@ class Settings:
                 "beat_missed_runs must be 'once', 'all' or 'skip', got "
                 f"{self.beat_missed_runs!r}")
         self._check_control()
+        for name in ("task_compression", "result_compression"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    compression.content_type(value)
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"{name}: {exc}") from None
         if self.max_message_size < 1:
             raise ConfigurationError(
                 f"max_message_size must be >= 1, got {self.max_message_size!r}"

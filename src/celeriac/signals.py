@@ -232,10 +232,13 @@ class SignalHooks(Hooks):
 
 def _body(message: Message) -> Any:
     # Celery passes the decoded body; decoding is only paid when someone listens.
-    from . import serialization
+    from . import compression, serialization
 
     try:
-        return serialization.loads(message.body, message.content_type,
+        body, packed = message.body, message.headers.get(compression.HEADER)
+        if packed is not None:
+            body = compression.decompress(body, packed, 1 << 26)  # max_message_size's default
+        return serialization.loads(body, message.content_type,
                                    frozenset({message.content_type}))
     except Exception:
         return message.body

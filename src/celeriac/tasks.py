@@ -116,6 +116,8 @@ class TaskOptions:
     ignore_result: bool | None = None
     expires: float | timedelta | datetime | None = None
     serializer: str | None = None
+    compression: str | None = None
+    """``"gzip"``, ``"bzip2"`` or ``"lzma"``; None: ``task_compression``."""
     track_started: bool | None = None
     rate_limit: str | float | None = None
     """Celery's syntax: ``"10/s"``, ``"100/m"``, ``"1000/h"`` or a number per second;
@@ -311,6 +313,7 @@ class Task(Generic[P, R]):
         options.setdefault("queue", o.queue)
         options.setdefault("priority", o.priority)
         options.setdefault("serializer", o.serializer)
+        options.setdefault("compression", o.compression)
         return self.app.send_many(self.name, calls, **options)
 
     # -- canvas (celeriac.canvas: imported when used, it imports this module) -----------
@@ -383,6 +386,8 @@ class Task(Generic[P, R]):
         if self.app.settings.task_always_eager:
             return self.apply(args, kwargs, task_id=task_id)
         o = self.options
+        if o.compression is not None and options.get("compression") is None:
+            options["compression"] = o.compression
         return self.app.send_task(
             self.name, args, kwargs, countdown=countdown, eta=eta,
             expires=expires if expires is not None else o.expires,

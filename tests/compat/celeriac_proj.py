@@ -1,7 +1,8 @@
 """The celeriac side of the compatibility tests: the tasks of ``celery_proj.py``, under
 the same names, in a celeriac app. Configured from the environment: ``COMPAT_BROKER``,
 ``COMPAT_BACKEND`` (celeriac's compatibility URLs: ``?layout=kombu``, ``?layout=celery``,
-``db+postgresql://``), ``COMPAT_KEYPREFIX`` (kombu's and Celery's ``global_keyprefix``)."""
+``db+postgresql://``), ``COMPAT_KEYPREFIX`` (kombu's and Celery's ``global_keyprefix``),
+``COMPAT_TASK_COMPRESSION``, ``COMPAT_RESULT_COMPRESSION``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ app = Celeriac("compat", broker=os.environ["COMPAT_BROKER"],
                backend=os.environ["COMPAT_BACKEND"],
                result_extended=os.environ.get("COMPAT_EXTENDED") == "1",
                worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")),
-               broker_transport_options=_PREFIX, result_backend_transport_options=_PREFIX)
+               broker_transport_options=_PREFIX, result_backend_transport_options=_PREFIX,
+               task_compression=os.environ.get("COMPAT_TASK_COMPRESSION") or None,
+               result_compression=os.environ.get("COMPAT_RESULT_COMPRESSION") or None)
 
 
 @app.task(name="compat.add")

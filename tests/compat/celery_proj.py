@@ -4,7 +4,8 @@ virtualenv (``tests/.venv-celery``) as ``celery -A celery_proj worker`` and by
 fleet runs what the other sends; ``compat.who`` tells which one ran a task.
 
 Configured from the environment: ``COMPAT_BROKER``, ``COMPAT_BACKEND``,
-``COMPAT_KEYPREFIX`` (``global_keyprefix`` of the broker and the result backend)."""
+``COMPAT_KEYPREFIX`` (``global_keyprefix`` of the broker and the result backend),
+``COMPAT_TASK_COMPRESSION``, ``COMPAT_RESULT_COMPRESSION``."""
 
 import os
 import time
@@ -22,6 +23,8 @@ app.conf.update(
     worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    task_compression=os.environ.get("COMPAT_TASK_COMPRESSION") or None,
+    result_compression=os.environ.get("COMPAT_RESULT_COMPRESSION") or None,
 )
 
 

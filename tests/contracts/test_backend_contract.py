@@ -57,6 +57,24 @@ def test_success_round_trip(backend: BackendFactory) -> None:
         assert none is not None and none.state == states.SUCCESS and none.result is None
 
 
+def test_compressed_results_read_back_and_readers_decompress_without_the_setting(
+        backend: BackendFactory) -> None:
+    value = {"text": "celeriac " * 2000, "n": [1, 2, 3]}
+    writer, plain = backend(result_compression="gzip"), backend()
+    writer.store("t-z", states.SUCCESS, value)
+    plain.store("t-p", states.SUCCESS, value)  # stored before the setting: still read
+    for b in (writer, plain):
+        for task_id in ("t-z", "t-p"):
+            meta = b.get(task_id)
+            assert meta is not None and meta.result == value, (b, task_id)
+    stored = writer.encode("t-z", states.SUCCESS, value)
+    if writer.compresses:
+        assert stored.data.startswith(b"\x00celery-compressed\x00application/x-gzip\x00")
+        assert len(stored.data) < 1000  # 18 KB of text, compressed
+    else:  # Celery's database layout: its readers do not decompress (nor does Celery)
+        assert b"celeriac celeriac" in stored.data
+
+
 def test_get_unknown_id_returns_none(backend: BackendFactory) -> None:
     b = backend()
     assert b.get("never-stored") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import zlib
 from collections.abc import Callable
 
 import orjson
@@ -50,9 +51,15 @@ def test_oversized_message_refused_at_publish(app: Celeriac) -> None:
         (_message(pickle.dumps(((1, 2), {}, {})), "application/x-python-serialize"),
          "is not accepted"),
         (_message(orjson.dumps({"args": [1, 2]})), "not a protocol v2"),
+        (_message(orjson.dumps([[1, 2], {}, {}]), compression="application/x-rar"),
+         "'compression' header 'application/x-rar' is not a compression this worker can undo"),
+        (_message(b"not zlib at all", compression="application/x-gzip"),
+         "corrupt application/x-gzip data"),
+        (_message(zlib.compress(orjson.dumps([[1, 2], {}, {}]))[:-4],
+                  compression="application/x-gzip"), "application/x-gzip data is cut short"),
     ],
     ids=["invalid-json", "missing-task-header", "unknown-task", "pickle-not-accepted",
-         "not-v2-body"],
+         "not-v2-body", "unknown-compression", "corrupt-compressed-body", "cut-compressed-body"],
 )
 def test_malformed_message_is_dead_lettered_and_worker_keeps_running(
         app: Celeriac, start_worker: Callable[..., WorkerProcess], message: Message,
@@ -66,6 +73,18 @@ def test_malformed_message_is_dead_lettered_and_worker_keeps_running(
     assert t.add.delay(2, 2).get(timeout=10) == 4
     assert w.proc is not None and w.proc.poll() is None
     assert len([line for line in w.log.splitlines() if "dead-letter" in line]) == 1
+
+
+def test_a_body_that_expands_past_max_message_size_is_dead_lettered(
+        app: Celeriac, start_worker: Callable[..., WorkerProcess]) -> None:
+    w = start_worker(extra_env={"CELERIAC_MAX_MESSAGE_SIZE": "100000"})
+    # About 1 KB on the wire, 1 MB inside: refused before it is all in memory.
+    bomb = zlib.compress(orjson.dumps([["a" * 1_000_000], {}, {}]))
+    app.transport.publish("celery", _message(bomb, compression="application/x-gzip"))
+    dead = wait_until(app.transport.dead_letters, 10, message="a dead letter")
+    assert "expands past 100000 bytes" in dead[0].reason
+    assert t.add.apply_async((2, 3), compression="bzip2").get(timeout=10) == 5
+    assert w.proc is not None and w.proc.poll() is None
 
 
 def test_pickle_accepted_only_when_opted_in(env: dict[str, str], app: Celeriac,

@@ -158,8 +158,9 @@ def test_django_namespace_and_celerys_old_uppercase_names() -> None:
 def test_the_environment_refuses_celery_settings_celeriac_does_not_do() -> None:
     s = Settings.from_env({"CELERIAC_WORKER_CONCURRENCY": "2", "CELERIAC_APP": "proj"})
     assert s.worker_concurrency == 2
-    with pytest.raises(ConfigurationError, match="task_compression"):
-        Settings.from_env({"CELERIAC_TASK_COMPRESSION": "gzip"})
+    with pytest.raises(ConfigurationError, match="worker_direct"):
+        Settings.from_env({"CELERIAC_WORKER_DIRECT": "true"})
+    assert Settings.from_env({"CELERIAC_TASK_COMPRESSION": "gzip"}).task_compression == "gzip"
 
 
 def test_app_conf_reads_and_changes_until_finalized() -> None:
@@ -215,8 +216,11 @@ def test_task_queues_in_celerys_forms() -> None:
     assert [app.route(n) for n in ("f.x", "m.x", "q.x", "other")] == [
         "feeds", "media", "default", "celery"]
     app.send_task("other", routing_key="media.video")
+    app.send_task("other", exchange="media", routing_key="media.video")
+    with pytest.raises(ConfigurationError, match="exchange='elsewhere' is not supported"):
+        app.send_task("other", exchange="elsewhere", routing_key="media.video")
     app.send_task("other", routing_key="unbound")  # no queue bound by it: the queue of that name
-    assert app.transport.queue_length("media") == 1
+    assert app.transport.queue_length("media") == 2
     assert app.transport.queue_length("unbound") == 1
     app.close()
 

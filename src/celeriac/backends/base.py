@@ -14,18 +14,23 @@ round trip (then acknowledges their messages).
 from __future__ import annotations
 
 import abc
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from .. import serialization, states
+from .. import compression, serialization, states
 from .._schemes import SchemeRegistry
 from ..errors import DecodeError, EncodeError
 
 if TYPE_CHECKING:
     from ..settings import Settings
+
+logger = logging.getLogger("celeriac.backends")
+_IGNORING: set[str] = set()
+"""Schemes that said once that they ignore ``result_compression``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +103,21 @@ class ResultBackend(abc.ABC):
     """True when a store waits on the network: the worker's event loop hands it to a
     thread rather than stall on it (heartbeats must go on while a server is slow)."""
 
+    compresses: ClassVar[bool] = True
+    """False for a layout whose other readers cannot decompress (Celery's database
+    tables): ``result_compression`` is then ignored, with a warning, as Celery does."""
+
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
         self.settings = settings
         self.accept = serialization.accepted_content_types(settings.accept_content)
+        self.compression = settings.result_compression if self.compresses else None
+        if settings.result_compression and not self.compresses and \
+                self.scheme not in _IGNORING:
+            _IGNORING.add(self.scheme)
+            logger.warning("result_compression=%r is ignored on %s: Celery's readers of "
+                           "this layout do not decompress; results are stored as they are",
+                           settings.result_compression, self.scheme)
 
     # -- what each backend implements ---------------------------------------------------
     @abc.abstractmethod
@@ -169,14 +185,16 @@ class ResultBackend(abc.ABC):
         if extended:
             meta.update(extended)
         try:
-            content_type, data = serialization.dumps(meta, self.settings.result_serializer)
+            content_type, data = self._serialize(task_id, meta, extended)
         except EncodeError as exc:
             # The task succeeded but its return value cannot be stored: record why
             # instead of leaving the caller waiting forever.
             meta["status"] = states.FAILURE
             meta["result"] = {"exc_type": "EncodeError", "exc_module": "celeriac.errors",
                               "exc_message": [f"cannot store result: {exc}"]}
-            content_type, data = serialization.dumps(meta, self.settings.result_serializer)
+            content_type, data = self._serialize(task_id, meta, extended)
+        if self.compression:
+            data = compression.compress_payload(data, self.compression)
         expires = self.settings.result_expires
         return Stored(task_id, content_type, data, time.time() + expires if expires else None)
 
@@ -187,8 +205,18 @@ class ResultBackend(abc.ABC):
         return {tid: self._decode(tid, ct, data) for tid, (ct, data) in
                 self._get(task_ids).items()}
 
+    def _serialize(self, task_id: str, meta: dict[str, Any],
+                   extended: dict[str, Any] | None) -> tuple[str, bytes]:
+        """``(content type, bytes)`` of a result's meta, before compression."""
+        return serialization.dumps(meta, self.settings.result_serializer)
+
+    def plain(self, data: bytes) -> bytes:
+        """A stored payload as it was serialized: decompressed if it says it is
+        compressed, whoever wrote it (Celery's marker)."""
+        return compression.decompress_payload(data, self.settings.max_message_size)
+
     def _decode(self, task_id: str, content_type: str, data: bytes) -> ResultMeta:
-        meta = serialization.loads(data, content_type, self.accept)
+        meta = serialization.loads(self.plain(data), content_type, self.accept)
         if not isinstance(meta, dict) or "status" not in meta:
             raise DecodeError(f"stored result for {task_id} is malformed")
         extended = {k: meta[k] for k in EXTENDED if k in meta} if "name" in meta else None

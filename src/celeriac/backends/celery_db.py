@@ -117,6 +117,7 @@ class CeleryDatabaseBackend(ResultBackend):
     chords_by_unlock = True
     retries_with_request = True  # the retries column is one of the extended ones
     expiry_by_age = True  # Celery's table has no expiry column
+    compresses = False  # Celery's database backend neither writes nor reads compressed
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)

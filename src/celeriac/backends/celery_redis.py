@@ -147,11 +147,9 @@ class CeleryRedisBackend(ResultBackend):
         chord."""
 
     # -- writing ------------------------------------------------------------------------
-    def encode(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
-               retries: int = 0, extended: dict[str, Any] | None = None) -> Stored:
-        stored = super().encode(task_id, state, result, traceback=traceback,
-                                retries=retries, extended=extended)
-        meta = orjson.loads(stored.data)
+    def _serialize(self, task_id: str, meta: dict[str, Any],
+                   extended: dict[str, Any] | None) -> tuple[str, bytes]:
+        meta = orjson.loads(super()._serialize(task_id, meta, extended)[1])
         # Celery's key order and fields: children always, retries only when extended.
         shaped = {"status": meta["status"], "result": meta["result"],
                   "traceback": meta["traceback"], "children": meta.get("children") or [],
@@ -159,8 +157,8 @@ class CeleryRedisBackend(ResultBackend):
         if extended and "name" in extended:
             shaped.update(name=meta.get("name"), args=meta.get("args"),
                           kwargs=meta.get("kwargs"), worker=meta.get("worker"),
-                          retries=retries, queue=meta.get("queue"))
-        return stored._replace(content_type=_CONTENT_TYPE, data=orjson.dumps(shaped))
+                          retries=meta.get("retries"), queue=meta.get("queue"))
+        return _CONTENT_TYPE, orjson.dumps(shaped)
 
     def store_many(self, items: Sequence[Stored]) -> None:
         if not items:
@@ -185,7 +183,7 @@ class CeleryRedisBackend(ResultBackend):
                     now: float) -> None:
         """celeriac's ``GroupResult.save`` as Celery's ``_save_group``, and the size a
         chord producer sets (``set_chord_size``) so Celery workers can count it."""
-        ids = (orjson.loads(data).get("result") or {}).get("results") or []
+        ids = (orjson.loads(self.plain(data)).get("result") or {}).get("results") or []
         value = orjson.dumps({"result": [[group_id, None], [[[i, None], None] for i in ids]]})
         key = self.group_prefix + group_id
         _set(pipe, key, value, expires_at, now)
@@ -215,7 +213,7 @@ class CeleryRedisBackend(ResultBackend):
         ids = self._members.get(group_id)
         if ids is None and value is not None:
             try:
-                ids = [tuple_id(node) for node in orjson.loads(value)["result"][1]]
+                ids = [tuple_id(node) for node in orjson.loads(self.plain(value))["result"][1]]
             except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
                 logger.warning("group %s: Celery's saved group is unreadable: %s",
                                group_id, exc)
@@ -250,10 +248,10 @@ class CeleryRedisBackend(ResultBackend):
                part: Stored | None) -> bool:
         if part is None:  # counted without a new result: the stored one (a failed step)
             found = self._get([task_id]).get(task_id)
-            meta = orjson.loads(found[1]) if found else {"status": states.FAILURE,
+            meta = orjson.loads(self.plain(found[1])) if found else {"status": states.FAILURE,
                                                          "result": None}
         else:
-            meta = orjson.loads(part.data)
+            meta = orjson.loads(self.plain(part.data))
         member = orjson.dumps([1, task_id, meta.get("status"), meta.get("result")])
         score = "+inf" if index is None else str(index)
         value, px = (b"", 0) if part is None else (part.data, 0 if part.expires_at is None
@@ -270,7 +268,7 @@ class CeleryRedisBackend(ResultBackend):
         fired = self.conn.call(run)
         if not fired:
             return False
-        self._members[group_id] = [orjson.loads(m)[1] for m in fired]
+        self._members[group_id] = [orjson.loads(self.plain(m))[1] for m in fired]
         if len(self._members) > 1000:  # only the newest are read (right after firing)
             self._members.pop(next(iter(self._members)))
         return True

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import serialization, states
+from .. import compression, serialization, states
 from .._aio import run_sync
 from ..backends.base import Stored
 from ..errors import DecodeError, Ignore, Reject, Retry, TimeLimitExceeded
@@ -191,6 +191,9 @@ def _begin(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: st
     started = time.monotonic()
     try:
         accept = serialization.accepted_content_types(app.settings.accept_content)
+        packed = headers.get(compression.HEADER)
+        if packed is not None:  # its name was checked where the message came in
+            body = compression.decompress(body, packed, app.settings.max_message_size)
         args, kwargs, raw_embed = decode_body(serialization.loads(body, content_type, accept))
         embed = raw_embed if raw_embed and _asks(raw_embed) else None
         if embed is not None:

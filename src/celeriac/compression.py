@@ -1,0 +1,100 @@
+"""Compression of task messages and stored results, as Celery (kombu) does it.
+
+Names, as kombu registers them, so that Celery's settings port unchanged::
+
+    "gzip", "zlib"   application/x-gzip   (zlib's format: what kombu writes under it)
+    "bzip2", "bzip"  application/x-bz2
+    "lzma", "xz"     application/x-lzma
+
+A task message names its compression in its ``compression`` header (the content type)
+and its body is the serialized body, compressed. A stored result carries it in-band, as
+Celery 5.7 stores it: ``MAGIC + content type + NUL + compressed payload``. No serializer's
+output begins with a NUL byte, so a result stored before compression was turned on, or
+by a producer without it, reads as it is.
+
+Decompression is bounded: a body that would expand past ``limit`` bytes is refused (a few
+KiB of zeros compress to almost nothing and would expand to gigabytes in a worker).
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ConfigurationError, DecodeError
+
+MAGIC = b"\x00celery-compressed\x00"
+"""What a compressed stored result begins with (Celery's ``COMPRESSED_PAYLOAD_MAGIC``)."""
+
+HEADER = "compression"
+"""The task message header that names the body's compression."""
+
+_COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
+    "application/x-gzip": zlib.compress,
+    "application/x-bz2": bz2.compress,
+    "application/x-lzma": lzma.compress,
+}
+_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
+    "application/x-gzip": zlib.decompressobj,
+    "application/x-bz2": bz2.BZ2Decompressor,
+    "application/x-lzma": lzma.LZMADecompressor,
+}
+CONTENT_TYPES = tuple(_DECOMPRESSORS)
+_NAMES = {"gzip": "application/x-gzip", "zlib": "application/x-gzip",
+          "bzip2": "application/x-bz2", "bzip": "application/x-bz2",
+          "lzma": "application/x-lzma", "xz": "application/x-lzma"}
+
+
+def content_type(name: str) -> str:
+    """The content type for compression ``name`` (a name above, or a content type)."""
+    found = _NAMES.get(name, name) if isinstance(name, str) else None
+    if found not in _COMPRESSORS:
+        raise ConfigurationError(f"unknown compression {name!r}: use one of "
+                                 f"{', '.join(sorted(_NAMES))}")
+    return found
+
+
+def known(value: Any) -> bool:
+    """Whether ``value`` is a compression content type this side can undo."""
+    return isinstance(value, str) and value in _DECOMPRESSORS
+
+
+def compress(data: bytes, name: str) -> tuple[str, bytes]:
+    """``(content type, compressed data)``."""
+    kind = content_type(name)
+    return kind, _COMPRESSORS[kind](data)
+
+
+def decompress(data: bytes, kind: str, limit: int) -> bytes:
+    """``data`` as it was before ``compress``; ``DecodeError`` saying why when it cannot be
+    undone: an unknown kind, corrupt or cut data, or more than ``limit`` bytes inside."""
+    factory = _DECOMPRESSORS.get(kind)
+    if factory is None:
+        raise DecodeError(f"unknown compression {kind!r}")
+    decompressor = factory()
+    try:
+        out = decompressor.decompress(data, limit + 1)
+    except (zlib.error, OSError, lzma.LZMAError, EOFError) as exc:
+        raise DecodeError(f"corrupt {kind} data: {exc}") from None
+    if len(out) > limit:
+        raise DecodeError(f"{kind} data expands past {limit} bytes (max_message_size)")
+    if not decompressor.eof:
+        raise DecodeError(f"{kind} data is cut short")
+    return bytes(out)
+
+
+def compress_payload(data: bytes, name: str) -> bytes:
+    """A result payload compressed, naming its compression in-band (Celery's form)."""
+    kind, body = compress(data, name)
+    return b"".join([MAGIC, kind.encode(), b"\x00", body])
+
+
+def decompress_payload(data: bytes, limit: int) -> bytes:
+    """A stored result payload as it was serialized; one without the marker as it is."""
+    if not data.startswith(MAGIC):
+        return data
+    kind, _, body = data[len(MAGIC):].partition(b"\x00")
+    return decompress(body, kind.decode("utf-8", "replace"), limit)
