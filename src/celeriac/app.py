@@ -29,7 +29,7 @@ from ._net import retrying
 from .backends.base import ResultBackend, create_backend
 from .canvas import Signature, register_builtins
 from .canvas import signature as _signature
-from .errors import ConfigurationError
+from .errors import ConfigurationError, MessageTooLarge
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
 from .settings import Conf, Settings
@@ -357,6 +357,11 @@ class Celeriac:
         declared = self._routing().declared
         return [q.name for q in declared] or [self.settings.task_default_queue]
 
+    def queue_for_key(self, routing_key: str) -> str:
+        """The queue a ``routing_key`` reaches: the one ``task_queues`` binds by it, else
+        the queue of that name."""
+        return self._routing().by_key.get(routing_key, routing_key)
+
     def _routing(self) -> _Routing:
         settings = self.settings
         cached = self._routers
@@ -535,7 +540,7 @@ class Celeriac:
             extra["root_id"] = root_id or (current.root_id or current.id if current else None)
         message, queue, delay = self._build(
             name, args, kwargs, countdown=countdown, eta=eta, expires=expires,
-            queue=queue or self._routing().by_key.get(routing_key or "", routing_key),
+            queue=queue or (self.queue_for_key(routing_key) if routing_key else None),
             priority=priority, task_id=task_id,
             headers=extra or None, serializer=serializer, retries=retries,
             time_limit=time_limit, soft_time_limit=soft_time_limit,
@@ -644,6 +649,12 @@ class Celeriac:
         content_type, body = encode_body(name, args, kwargs, serializer)
         compression = compression or self.settings.task_compression
         if compression is not None:
+            if len(body) > self.settings.max_message_size:
+                # A worker refuses what expands past it: say so here, as for a plain body.
+                raise MessageTooLarge(
+                    f"message for task {name!r} is {len(body)} bytes before compression, "
+                    f"over max_message_size={self.settings.max_message_size}; nothing was "
+                    "published")
             try:
                 kind, body = _compression.compress(body, compression)
             except ConfigurationError as exc:

@@ -19,6 +19,7 @@ KiB of zeros compress to almost nothing and would expand to gigabytes in a worke
 from __future__ import annotations
 
 import bz2
+import functools
 import lzma
 import zlib
 from collections.abc import Callable
@@ -37,15 +38,25 @@ _COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     "application/x-bz2": bz2.compress,
     "application/x-lzma": lzma.compress,
 }
+LZMA_MEMORY = 128 * 1024 * 1024
+"""The most an xz stream may ask for to decode (its dictionary is in its header, and
+``xz -9`` asks for 65 MiB): a forged header cannot make a worker allocate gigabytes.
+zlib's window (32 KiB) and bzip2's blocks (900 KB) are bounded by their formats."""
+
 _DECOMPRESSORS: dict[str, Callable[[], Any]] = {
     "application/x-gzip": zlib.decompressobj,
     "application/x-bz2": bz2.BZ2Decompressor,
-    "application/x-lzma": lzma.LZMADecompressor,
+    "application/x-lzma": functools.partial(lzma.LZMADecompressor, memlimit=LZMA_MEMORY),
 }
 CONTENT_TYPES = tuple(_DECOMPRESSORS)
 _NAMES = {"gzip": "application/x-gzip", "zlib": "application/x-gzip",
           "bzip2": "application/x-bz2", "bzip": "application/x-bz2",
           "lzma": "application/x-lzma", "xz": "application/x-lzma"}
+
+
+def known_name(name: Any) -> bool:
+    """Whether ``name`` is a compression this side can apply."""
+    return isinstance(name, str) and _NAMES.get(name, name) in _COMPRESSORS
 
 
 def content_type(name: str) -> str:
@@ -77,12 +88,16 @@ def decompress(data: bytes, kind: str, limit: int) -> bytes:
     decompressor = factory()
     try:
         out = decompressor.decompress(data, limit + 1)
-    except (zlib.error, OSError, lzma.LZMAError, EOFError) as exc:
+    except (zlib.error, OSError, lzma.LZMAError, EOFError, MemoryError) as exc:
         raise DecodeError(f"corrupt {kind} data: {exc}") from None
     if len(out) > limit:
         raise DecodeError(f"{kind} data expands past {limit} bytes (max_message_size)")
     if not decompressor.eof:
         raise DecodeError(f"{kind} data is cut short")
+    if decompressor.unused_data:
+        # kombu's producers write one stream; more would be read as one by kombu.
+        raise DecodeError(f"{kind} data has {len(decompressor.unused_data)} bytes after "
+                          "its stream")
     return bytes(out)
 
 

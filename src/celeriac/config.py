@@ -404,8 +404,9 @@ def _declared(item: Any) -> DeclaredQueue:
 
 
 def _queue_from_dict(name: Any, options: Any) -> DeclaredQueue:
-    if not isinstance(options, Mapping):
-        options = {}
+    if options is not None and not isinstance(options, Mapping):
+        return _declared(options)  # {name: Queue(...)}
+    options = options or {}
     kind = options.get("exchange_type") or "direct"
     if kind != "direct":
         raise ConfigurationError(
@@ -413,7 +414,8 @@ def _queue_from_dict(name: Any, options: Any) -> DeclaredQueue:
             "is supported (a route or routing_key names one queue)")
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"task_queues: a queue name must be a string, got {name!r}")
-    return DeclaredQueue(name, options.get("routing_key") or name,
+    # Celery's old form names the key binding_key (routing_key, its alias, wins).
+    return DeclaredQueue(name, options.get("routing_key") or options.get("binding_key") or name,
                          options.get("exchange") or "")
 
 

@@ -167,16 +167,21 @@ class SignalHooks(Hooks):
     def _task(self, request: Request) -> Any:
         return self.app.tasks.get(request.task)
 
+    def _body(self, message: Message) -> Any:
+        return _body(message, self.app.settings.max_message_size)
+
     def before_publish(self, message: Message, queue: str) -> None:
         if before_task_publish._receivers:
             h = message.headers
             before_task_publish.send(
-                sender=h.get("task"), body=_body(message), exchange="", routing_key=queue,
+                sender=h.get("task"), body=self._body(message), exchange="",
+                routing_key=queue,
                 headers=h, properties=message.properties, declare=[], retry_policy=None)
 
     def after_publish(self, message: Message, queue: str) -> None:
         if after_task_publish._receivers:
-            after_task_publish.send(sender=message.headers.get("task"), body=_body(message),
+            after_task_publish.send(sender=message.headers.get("task"),
+                                    body=self._body(message),
                                     headers=message.headers, exchange="", routing_key=queue)
 
     def task_received(self, request: Request) -> None:
@@ -230,14 +235,14 @@ class SignalHooks(Hooks):
         worker_shutdown.send(sender=worker)
 
 
-def _body(message: Message) -> Any:
+def _body(message: Message, limit: int) -> Any:
     # Celery passes the decoded body; decoding is only paid when someone listens.
     from . import compression, serialization
 
     try:
         body, packed = message.body, message.headers.get(compression.HEADER)
         if packed is not None:
-            body = compression.decompress(body, packed, 1 << 26)  # max_message_size's default
+            body = compression.decompress(body, packed, limit)
         return serialization.loads(body, message.content_type,
                                    frozenset({message.content_type}))
     except Exception:

@@ -94,6 +94,13 @@ def test_dead_letter_commands(app: Celeriac, env: dict[str, str],
     dead_id = str(app.transport.dead_letters()[0].id)
     shown = cli(env, "-A", APP, "dead", "show", dead_id)
     assert '"task": "no.such.task"' in shown.stdout and '"body": "[[1],' in shown.stdout
+    app.send_task("no.such.task", ["zipped"], compression="bzip2")
+    wait_until(lambda: len(app.transport.dead_letters()) == 2, 10)
+    zipped = next(str(d.id) for d in app.transport.dead_letters() if str(d.id) != dead_id)
+    shown = cli(env, "-A", APP, "dead", "show", zipped)
+    assert '"compression": "application/x-bz2"' in shown.stdout  # shown decompressed:
+    assert '"body": "[[\\"zipped\\"],' in shown.stdout
+    cli(env, "-A", APP, "dead", "purge", "-f", zipped)
     assert cli(env, "-A", APP, "dead", "show", "999999").returncode == 1
     requeued = cli(env, "-A", APP, "dead", "requeue", dead_id)
     assert "requeued 1 message(s)" in requeued.stdout

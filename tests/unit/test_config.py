@@ -226,8 +226,11 @@ def test_task_queues_in_celerys_forms() -> None:
 
     # Celery's old dict (CELERY_QUEUES), plain names, and the environment's names.
     old = Settings.from_object({"CELERY_QUEUES": {"a": {"exchange": "a", "routing_key": "a.1"},
-                                                   "b": {}}})
-    assert Celeriac("o", broker="memory://o", settings=old).default_queues == ["a", "b"]
+                                                   "b": {"binding_key": "b.1"},
+                                                   "c": Queue("c", routing_key="c.1")}})
+    app = Celeriac("o", broker="memory://o", settings=old)
+    assert app.default_queues == ["a", "b", "c"]
+    assert [app.queue_for_key(k) for k in ("a.1", "b.1", "c.1", "d")] == ["a", "b", "c", "d"]
     assert Celeriac("n", broker="memory://n",
                     settings=Settings(task_queues=["x", "y"])).default_queues == ["x", "y"]
     env = Settings.from_env({"CELERIAC_TASK_QUEUES": "hi, lo"})

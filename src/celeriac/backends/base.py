@@ -193,7 +193,9 @@ class ResultBackend(abc.ABC):
             meta["result"] = {"exc_type": "EncodeError", "exc_module": "celeriac.errors",
                               "exc_message": [f"cannot store result: {exc}"]}
             content_type, data = self._serialize(task_id, meta, extended)
-        if self.compression:
+        # Past max_message_size a reader would refuse to decompress it: stored as it is,
+        # it reads back (readers decompress only what is marked).
+        if self.compression and len(data) <= self.settings.max_message_size:
             data = compression.compress_payload(data, self.compression)
         expires = self.settings.result_expires
         return Stored(task_id, content_type, data, time.time() + expires if expires else None)

@@ -29,8 +29,8 @@ MISSED_POLICIES = ("once", "all", "skip")
 FIELDS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative"})
 SEND_OPTIONS = frozenset({
     "queue", "routing_key", "exchange", "priority", "expires", "countdown", "headers",
-    "serializer", "time_limit", "soft_time_limit", "ignore_result", "shadow", "retry",
-    "retry_policy"})
+    "serializer", "compression", "time_limit", "soft_time_limit", "ignore_result", "shadow",
+    "retry", "retry_policy"})
 """``apply_async`` options an entry may carry (``missed_runs`` is beat's own)."""
 
 

@@ -330,7 +330,8 @@ def _with_task_defaults(app: Celeriac, name: str, options: dict[str, Any]) -> di
         return options
     o = task.options
     for key, value in (("queue", o.queue), ("priority", o.priority), ("expires", o.expires),
-                       ("serializer", o.serializer), ("time_limit", o.time_limit),
+                       ("serializer", o.serializer), ("compression", o.compression),
+                       ("time_limit", o.time_limit),
                        ("soft_time_limit", o.soft_time_limit)):
         if options.get(key) is None and value is not None:
             options[key] = value

@@ -10,6 +10,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from .. import compression
+from ..errors import DecodeError
+from ..protocol import Message
 from ..transports.base import DeadLetter
 from .loader import AppLoader
 
@@ -57,10 +60,10 @@ def list_(load: AppLoader, limit: int) -> None:
 @click.pass_obj
 def show(load: AppLoader, ids: tuple[str, ...]) -> None:
     """Everything about the dead letters IDS: reason, headers, properties, body."""
+    app = load()
     for d in _find(load, ids):
         m = d.message
-        body = m.body.decode("utf-8", "replace") if m.content_type.endswith("json") \
-            else f"<{len(m.body)} bytes of {m.content_type}>"
+        body = _shown(m, app.settings.max_message_size)
         click.echo(orjson.dumps({
             "id": d.id, "queue": d.queue, "reason": d.reason, "deliveries": d.delivery_count,
             "dead_at": d.dead_at, "headers": m.headers, "properties": m.properties,
@@ -99,3 +102,17 @@ def purge(load: AppLoader, ids: tuple[str, ...], force: bool) -> None:
 
 def _id(value: str) -> int | str:
     return int(value) if value.isdigit() else value
+
+
+def _shown(m: Message, limit: int) -> str:
+    """A dead letter's body as text: JSON as it is (decompressed first if its header says
+    so and it can be), anything else by its size and type."""
+    body, packed = m.body, m.headers.get(compression.HEADER)
+    if packed is not None:
+        try:
+            body = compression.decompress(body, packed, limit)
+        except DecodeError as exc:
+            return f"<{len(m.body)} bytes of {m.content_type}, compressed: {exc}>"
+    if m.content_type.endswith("json"):
+        return body.decode("utf-8", "replace")
+    return f"<{len(body)} bytes of {m.content_type}>"

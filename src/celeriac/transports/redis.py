@@ -153,7 +153,9 @@ class RedisTransport(Transport):
     def results_namespace(self, backend: ResultBackend) -> str | None:
         """The namespace of ``backend`` when it keeps its results on this broker's server
         and database, so that ``exchange`` can store them; else None."""
-        if not isinstance(backend, RedisBackend):
+        # A Cluster backend is a RedisBackend too, but spreads its keys over slots that
+        # one script on one server cannot write.
+        if not isinstance(backend, RedisBackend) or not isinstance(backend.conn, Connector):
             return None
         theirs, mine = backend.conn.endpoint, self.conn.endpoint
         same = theirs.url == mine.url and theirs.sentinels == mine.sentinels

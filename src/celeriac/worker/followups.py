@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import serialization, states
+from .. import compression, serialization, states
 from ..errors import ChordError, DecodeError
 from ..protocol import Message, new_id, parse_time, task_headers, task_properties, utcnow
 from ..tasks import args_repr
@@ -308,6 +308,12 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
     return [((message.headers["id"], None), None)]
 
 
+def _task_compression(app: Celeriac, name: str) -> str | None:
+    """The registered task's own ``compression`` option, as ``Task.apply_async`` uses it."""
+    task = app.tasks.get(name)
+    return task.options.compression if task is not None else None
+
+
 def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
              embed: dict[str, Any], options: dict[str, Any], lineage: Mapping[str, Any]
              ) -> tuple[str, Message, float | None]:
@@ -332,10 +338,20 @@ def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
         extra=dict(options.get("headers") or {}) or None)
     if options.get("group_index") is not None:
         headers["group_index"] = options["group_index"]
+    packed = options.get("compression") or _task_compression(app, name) or \
+        app.settings.task_compression
+    if packed and len(body) <= app.settings.max_message_size:
+        if compression.known_name(packed):
+            headers[compression.HEADER], body = compression.compress(body, packed)
+        else:
+            logger.warning("Task %s[%s]: unknown compression %r in its options: sent "
+                           "uncompressed", name, task_id, packed)
     priority = options.get("priority")
     if priority is None:
         priority = app.settings.task_default_priority
-    queue = options.get("queue") or options.get("routing_key") or app.route(name)
+    key = options.get("routing_key")
+    queue = options.get("queue") or (app.queue_for_key(key) if key else None) or \
+        app.route(name)
     delay = (eta - now).total_seconds() if eta is not None else None
     message = Message(headers, body, content_type, "utf-8", task_properties(task_id, priority))
     return queue, message, delay
