@@ -14,7 +14,6 @@ from typing import (
     Any,
     Concatenate,
     Literal,
-    NamedTuple,
     ParamSpec,
     TypeVar,
     overload,
@@ -32,6 +31,7 @@ from .canvas import signature as _signature
 from .errors import ConfigurationError, MessageTooLarge
 from .hooks import HookRunner, Hooks
 from .protocol import Message, new_id, task_headers, task_properties, utcnow
+from .routing import Routing
 from .settings import Conf, Settings
 from .tasks import Task, TaskOptions, args_repr, current_request
 from .transports.base import Outgoing, Publisher, Transport, create_transport
@@ -88,7 +88,7 @@ class Celeriac:
         self.hooks = HookRunner()
         self._finalized = False
         self._autodiscover: list[tuple[Any, str]] = []
-        self._routers: _Routing | None = None
+        self._routers: Routing | None = None
         self._transport: Transport | None = None
         self._relay: Publisher | None = None
         """In a pool child whose broker lives in the worker's memory: where it publishes."""
@@ -341,36 +341,25 @@ class Celeriac:
     def route(self, task_name: str) -> str:
         """The queue for ``task_name``: the first router of ``task_routes`` that names
         one (in a dict: the exact name, then glob patterns), else the default queue."""
-        settings = self.settings
-        if not settings.task_routes:
-            return settings.task_default_queue
-        for router in self._routing().routers:
-            queue = router(task_name)
-            if queue:
-                return queue
-        return settings.task_default_queue
+        if not self.settings.task_routes:
+            return self.settings.task_default_queue
+        return self._routing().route(task_name)
 
     @property
     def default_queues(self) -> list[str]:
         """The queues a worker started without ``-Q`` consumes: those of ``task_queues``,
         else ``task_default_queue`` (Celery's rule)."""
-        declared = self._routing().declared
-        return [q.name for q in declared] or [self.settings.task_default_queue]
+        return self._routing().default_queues
 
     def queue_for_key(self, routing_key: str) -> str:
         """The queue a ``routing_key`` reaches: the one ``task_queues`` binds by it, else
         the queue of that name."""
-        return self._routing().by_key.get(routing_key, routing_key)
+        return self._routing().queue_for_key(routing_key)
 
-    def _routing(self) -> _Routing:
-        settings = self.settings
+    def _routing(self) -> Routing:
         cached = self._routers
-        if cached is None or cached.settings is not settings:
-            declared = config.declared_queues(settings.task_queues)
-            routers = config.routers(settings.task_routes or {}, declared)
-            by_key = {q.routing_key: q.name for q in declared}
-            exchanges = frozenset(q.exchange for q in declared if q.exchange)
-            cached = self._routers = _Routing(settings, routers, declared, by_key, exchanges)
+        if cached is None or cached.settings is not self.settings:
+            cached = self._routers = Routing(self.settings)
         return cached
 
     def AsyncResult(self, task_id: str) -> _result.AsyncResult[Any]:
@@ -702,18 +691,6 @@ class Celeriac:
 
 TASK_OPTIONS = frozenset(f.name for f in fields(TaskOptions)) - {"name"}
 _MISSING: Any = object()
-
-
-class _Routing(NamedTuple):
-    """What ``task_routes`` and ``task_queues`` make of one ``Settings``."""
-
-    settings: Settings
-    routers: tuple[config.Router, ...]
-    declared: tuple[config.DeclaredQueue, ...]
-    by_key: dict[str, str]
-    """routing key -> the declared queue bound by it."""
-    exchanges: frozenset[str]
-    """The direct exchanges declared queues are bound to (``exchange=`` may name one)."""
 
 
 def _class_default(base: type[Task[Any, Any]], option: str) -> Any:

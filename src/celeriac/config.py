@@ -18,13 +18,12 @@ known name. ``tests/unit/test_config.py`` holds every Celery name to this.
 from __future__ import annotations
 
 import difflib
-import inspect
 import logging
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from ._celery_names import DEFAULTS as CELERY_DEFAULTS
 from ._celery_names import OLD_NAMES
@@ -330,179 +329,6 @@ def _describe(hint: Any) -> str:
 
 
 # -- task_routes and task_annotations in Celery's forms ---------------------------------
-class DeclaredQueue(NamedTuple):
-    """A queue of ``task_queues``: its name, and the routing key that reaches it."""
-
-    name: str
-    routing_key: str
-    exchange: str = ""
-    """The direct exchange it is bound to ("": the default exchange)."""
-
-
-QUEUE_ARGUMENTS = frozenset({"x-max-priority"})
-"""kombu ``queue_arguments`` that change nothing here: priorities 0-9 work on every queue."""
-
-
-def declared_queues(value: Any) -> tuple[DeclaredQueue, ...]:
-    """``task_queues`` as Celery takes it: kombu ``Queue`` objects (read by attribute, so
-    kombu need not be installed), queue names, or Celery's old ``CELERY_QUEUES`` dict of
-    name -> ``{"exchange": ..., "exchange_type": ..., "routing_key": ...}``.
-
-    Only what routes here as it does on RabbitMQ passes: a queue bound to a direct
-    exchange (any name) by one routing key, no two queues by the same key (a direct
-    exchange would copy the message into both). The rest raises ``ConfigurationError``
-    naming the queue."""
-    if value is None:
-        return ()
-    if isinstance(value, Mapping):
-        items: list[Any] = [_queue_from_dict(name, options) for name, options in value.items()]
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        items = list(value)
-    else:
-        raise ConfigurationError(f"task_queues: expected a list of queues, got "
-                                 f"{type(value).__name__}")
-    out: dict[str, DeclaredQueue] = {}
-    by_key: dict[str, str] = {}
-    for item in items:
-        queue = item if isinstance(item, DeclaredQueue) else _declared(item)
-        if queue.name in out:
-            raise ConfigurationError(f"task_queues: queue {queue.name!r} is declared twice")
-        if queue.routing_key in by_key:
-            raise ConfigurationError(
-                f"task_queues: queues {by_key[queue.routing_key]!r} and {queue.name!r} are "
-                f"bound by the same routing key {queue.routing_key!r}: a message goes to "
-                "one queue here")
-        out[queue.name], by_key[queue.routing_key] = queue, queue.name
-    return tuple(out.values())
-
-
-def _declared(item: Any) -> DeclaredQueue:
-    if isinstance(item, str):
-        if not item:
-            raise ConfigurationError("task_queues: a queue name is empty")
-        return DeclaredQueue(item, item)
-    name = getattr(item, "name", None)
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"task_queues: expected a queue name or a kombu Queue, got "
-                                 f"{item!r}")
-    exchange = getattr(item, "exchange", None)
-    kind = getattr(exchange, "type", None) or "direct"
-    if kind != "direct":
-        raise ConfigurationError(
-            f"task_queues: queue {name!r} is bound to a {kind} exchange; only direct routing "
-            "is supported (a route or routing_key names one queue)")
-    if getattr(item, "bindings", None):
-        raise ConfigurationError(f"task_queues: queue {name!r} has several bindings; only "
-                                 "one routing key per queue is supported")
-    arguments = getattr(item, "queue_arguments", None) or {}
-    unknown = sorted(set(arguments) - QUEUE_ARGUMENTS)
-    if unknown:
-        raise ConfigurationError(f"task_queues: queue {name!r}: queue_arguments {unknown} "
-                                 "are not supported")
-    return DeclaredQueue(name, getattr(item, "routing_key", None) or name,
-                         getattr(exchange, "name", None) or "")
-
-
-def _queue_from_dict(name: Any, options: Any) -> DeclaredQueue:
-    if options is not None and not isinstance(options, Mapping):
-        return _declared(options)  # {name: Queue(...)}
-    options = options or {}
-    kind = options.get("exchange_type") or "direct"
-    if kind != "direct":
-        raise ConfigurationError(
-            f"task_queues: queue {name!r} is bound to a {kind} exchange; only direct routing "
-            "is supported (a route or routing_key names one queue)")
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"task_queues: a queue name must be a string, got {name!r}")
-    # Celery's old form names the key binding_key (routing_key, its alias, wins).
-    return DeclaredQueue(name, options.get("routing_key") or options.get("binding_key") or name,
-                         options.get("exchange") or "")
-
-
-Router = Callable[[str], "str | None"]
-
-
-def routers(value: Any, queues: Iterable[DeclaredQueue] = ()) -> tuple[Router, ...]:
-    """``task_routes`` as Celery takes it (a dict, a router function, or a list of those,
-    tried in order), turned into functions of the task name that return a queue. A
-    route's ``routing_key`` names the queue of ``task_queues`` bound by it, else the queue
-    of that name; its ``exchange`` may be one those queues are bound to."""
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    bound = _Bindings(queues)
-    return tuple(_router(item, bound) for item in items)
-
-
-class _Bindings:
-    """What ``task_queues`` binds: routing key -> queue, and the exchanges."""
-
-    def __init__(self, queues: Iterable[DeclaredQueue]) -> None:
-        self.by_key = {q.routing_key: q.name for q in queues}
-        self.exchanges = {q.exchange for q in queues} | {""}
-
-    def queue(self, key: str) -> str:
-        return self.by_key.get(key, key)
-
-
-def _router(item: Any, bound: _Bindings) -> Router:
-    if isinstance(item, Mapping):
-        table = {pattern: _route_queue(pattern, target, bound)
-                 for pattern, target in item.items()}
-        exact = {k: v for k, v in table.items() if not any(c in k for c in "*?[")}
-        globs = [(k, v) for k, v in table.items() if k not in exact]
-
-        def by_table(task: str) -> str | None:
-            import fnmatch
-
-            if task in exact:
-                return exact[task]
-            return next((q for pattern, q in globs if fnmatch.fnmatchcase(task, pattern)),
-                        None)
-        return by_table
-    if callable(item):
-        try:
-            positional = [p for p in inspect.signature(item).parameters.values()
-                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            positional = []
-        if len(positional) >= 4:
-            # Celery's router signature: (name, args, kwargs, options, task=None, **kw).
-            def celery_router(task: str) -> str | None:
-                return _route_result(task, item(task, (), {}, {}), bound)
-            return celery_router
-        return lambda task: _route_result(task, item(task), bound)
-    raise ConfigurationError(f"task_routes: expected a dict, a router function or a list "
-                             f"of them, got {type(item).__name__}")
-
-
-def _route_queue(pattern: Any, target: Any, bound: _Bindings) -> str:
-    if not isinstance(pattern, str):
-        raise ConfigurationError(f"task_routes: keys are task names or glob patterns, got "
-                                 f"{pattern!r}")
-    queue = _route_result(pattern, target, bound)
-    if queue is None:
-        raise ConfigurationError(f"task_routes[{pattern!r}]: no queue in {target!r}")
-    return queue
-
-
-def _route_result(task: str, target: Any, bound: _Bindings) -> str | None:
-    if target is None or isinstance(target, str):
-        return target or None
-    if isinstance(target, Mapping):
-        unknown = set(target) - {"queue", "routing_key", "exchange", "priority"}
-        if unknown:
-            raise ConfigurationError(f"task_routes for {task!r}: {sorted(unknown)} not "
-                                     "supported (a route names a queue)")
-        key = target.get("routing_key")
-        queue = target.get("queue") or (bound.queue(key) if key else None)
-        exchange = getattr(target.get("exchange"), "name", target.get("exchange"))
-        if exchange is not None and exchange != queue and exchange not in bound.exchanges:
-            raise ConfigurationError(f"task_routes for {task!r}: exchange {exchange!r} is "
-                                     "not supported (messages go to the named queue)")
-        return str(queue) if queue else None
-    raise ConfigurationError(f"task_routes for {task!r}: expected a queue name or a dict "
-                             f"with 'queue', got {target!r}")
-
-
 ANNOTATABLE = frozenset({
     "rate_limit", "time_limit", "soft_time_limit", "max_retries", "default_retry_delay",
     "acks_late", "ignore_result", "track_started", "serializer", "priority", "queue",

@@ -17,16 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import compression
 from ._celery_names import DEFAULTS as CELERY_DEFAULTS
-from .config import (
-    annotators,
-    coerce,
-    declared_queues,
-    from_mapping,
-    object_values,
-    routers,
-    translate,
-)
+from .config import annotators, coerce, from_mapping, object_values, translate
 from .errors import ConfigurationError
+from .routing import declared_queues, routers
 from .serialization import accepted_content_types, get_serializer
 
 if TYPE_CHECKING:
@@ -258,7 +251,7 @@ class Settings:
         except ConfigurationError as exc:
             raise ConfigurationError(f"accept_content: {exc}") from None
         routers(self.task_routes if self.task_routes is not None else {},
-                declared_queues(self.task_queues))
+                declared_queues(self.task_queues))  # the errors now, not at the first send
         if self.task_annotations is not None:
             annotators(self.task_annotations)
         for name in ("task_default_rate_limit",):
