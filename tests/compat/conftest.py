@@ -179,6 +179,18 @@ def fleet_factory(celery_venv: Path) -> Iterator[Any]:
             started.append(client)
             return client
 
+        def redis_pair(self, url: str, **extra: str) -> Any:
+            """On the Redis at ``url`` (``extra``: more ``COMPAT_*`` settings for both
+            sides): a Celery worker on ``to_celery,mixed``, a celeriac worker in
+            compatibility mode on ``to_celeriac,mixed``, and ``self.celery``, a client."""
+            theirs = {"COMPAT_BROKER": url, "COMPAT_BACKEND": url, **extra}
+            ours = {**theirs, "COMPAT_BROKER": f"{url}?layout=kombu",
+                    "COMPAT_BACKEND": f"{url}?layout=celery"}
+            self.celery_worker(theirs, "celery1", "to_celery,mixed", concurrency=2)
+            self.celeriac_worker(ours, "celeriac1", "to_celeriac,mixed", "-c", "2")
+            self.celery = self.client(theirs)
+            return self
+
     yield Factory()
     errors: list[BaseException] = []
     for thing in reversed(started):  # every one stopped, even after one fails to

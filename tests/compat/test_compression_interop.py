@@ -26,13 +26,7 @@ MARK = b"\x00celery-compressed\x00application/x-gzip\x00"
 def fleet(fleet_factory: Any) -> Any:
     require("redis")
     redis.Redis(db=DB).flushdb()
-    theirs = {"COMPAT_BROKER": PLAIN, "COMPAT_BACKEND": PLAIN, **GZIP}
-    ours = {"COMPAT_BROKER": f"{PLAIN}?layout=kombu",
-            "COMPAT_BACKEND": f"{PLAIN}?layout=celery", **GZIP}
-    fleet_factory.celery_worker(theirs, "celery1", "to_celery,mixed", concurrency=2)
-    fleet_factory.celeriac_worker(ours, "celeriac1", "to_celeriac,mixed", "-c", "2")
-    fleet_factory.celery = fleet_factory.client(theirs)
-    return fleet_factory
+    return fleet_factory.redis_pair(PLAIN, **GZIP)
 
 
 @pytest.fixture(scope="module")

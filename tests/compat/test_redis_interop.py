@@ -25,22 +25,10 @@ PLAIN = f"redis://127.0.0.1:6379/{DB}"
 
 
 @pytest.fixture(scope="module")
-def env() -> dict[str, str]:
+def fleet(fleet_factory: Any) -> Any:
     require("redis")
     redis.Redis(db=DB).flushdb()
-    return {"COMPAT_BROKER": PLAIN, "COMPAT_BACKEND": PLAIN, "COMPAT_EXTENDED": "1",
-            "COMPAT_COUNTER": PLAIN}
-
-
-@pytest.fixture(scope="module")
-def fleet(fleet_factory: Any, env: dict[str, str]) -> Any:
-    ours = {"COMPAT_BROKER": f"{PLAIN}?layout=kombu",
-            "COMPAT_BACKEND": f"{PLAIN}?layout=celery", "COMPAT_EXTENDED": "1",
-            "COMPAT_COUNTER": PLAIN}
-    fleet_factory.celery_worker(env, "celery1", "to_celery,mixed", concurrency=2)
-    fleet_factory.celeriac_worker(ours, "celeriac1", "to_celeriac,mixed", "-c", "2")
-    fleet_factory.celery = fleet_factory.client(env)
-    return fleet_factory
+    return fleet_factory.redis_pair(PLAIN, COMPAT_EXTENDED="1", COMPAT_COUNTER=PLAIN)
 
 
 @pytest.fixture(scope="module")
