@@ -341,8 +341,9 @@ class Celeriac:
     def route(self, task_name: str) -> str:
         """The queue for ``task_name``: the first router of ``task_routes`` that names
         one (in a dict: the exact name, then glob patterns), else the default queue."""
-        if not self.settings.task_routes:
-            return self.settings.task_default_queue
+        settings = self.settings
+        if not settings.task_routes and not settings.task_default_routing_key:
+            return settings.task_default_queue  # the common case, on every send
         return self._routing().route(task_name)
 
     @property

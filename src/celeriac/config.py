@@ -90,10 +90,8 @@ HARMLESS: dict[str, str] = {
 """Accepted, with one warning naming the reason."""
 
 REFUSED: dict[str, str] = {
-    "task_default_exchange": "messages go to the queue named by task_routes; custom "
-                             "exchanges are not supported",
-    "task_default_exchange_type": "custom exchanges are not supported",
-    "task_default_routing_key": "routing is by queue name (task_routes)",
+    "task_default_exchange_type": "only direct routing is supported (a route or routing "
+                                  "key names one queue)",
     "task_default_delivery_mode": "messages are always persistent",
     "task_create_missing_queues": "queues are always created on first use",
     "task_store_eager_result": "eager results are not stored",

@@ -209,6 +209,10 @@ class Routing:
         """routing key -> the declared queue bound by it."""
         self.exchanges = frozenset(q.exchange for q in self.declared if q.exchange)
         """The direct exchanges declared queues are bound to (``exchange=`` may name one)."""
+        self.default = self._default_queue(settings)
+        """Where a task no router names goes."""
+        if settings.task_default_exchange:
+            self.exchanges |= {settings.task_default_exchange}
 
     def route(self, task_name: str) -> str:
         """The first router's queue for ``task_name``, else the default queue."""
@@ -216,11 +220,31 @@ class Routing:
             queue = router(task_name)
             if queue:
                 return queue
-        return self.settings.task_default_queue
+        return self.default
 
     def queue_for_key(self, routing_key: str) -> str:
         """The queue ``task_queues`` binds by ``routing_key``, else the queue of that name."""
         return self.by_key.get(routing_key, routing_key)
+
+    def _default_queue(self, settings: Settings) -> str:
+        # Celery sends an unrouted task to task_default_exchange with
+        # task_default_routing_key: on RabbitMQ a key bound to nothing drops it, so a
+        # declaration that would is refused here.
+        key, exchange = settings.task_default_routing_key, settings.task_default_exchange
+        if not self.declared:
+            return settings.task_default_queue
+        # A Queue declared without an exchange is bound to the default one (kombu's '').
+        unbound = any(not q.exchange for q in self.declared)
+        if exchange and exchange not in self.exchanges and not unbound:
+            raise ConfigurationError(
+                f"task_default_exchange={exchange!r}: no queue of task_queues is bound to it")
+        if not key:
+            return settings.task_default_queue
+        if key not in self.by_key:
+            raise ConfigurationError(
+                f"task_default_routing_key={key!r}: no queue of task_queues is bound by it "
+                "(unrouted tasks would reach no queue)")
+        return self.by_key[key]
 
     @property
     def default_queues(self) -> list[str]:

@@ -19,7 +19,7 @@ from . import compression
 from ._celery_names import DEFAULTS as CELERY_DEFAULTS
 from .config import annotators, coerce, from_mapping, object_values, translate
 from .errors import ConfigurationError
-from .routing import declared_queues, routers
+from .routing import Routing
 from .serialization import accepted_content_types, get_serializer
 
 if TYPE_CHECKING:
@@ -43,6 +43,12 @@ class Settings:
     ``{"queue": name}``; a router function (of the task name, or Celery's ``(name, args,
     kwargs, options, task=None, **kw)``) returning either; or a list of those, tried in
     order. No match: ``task_default_queue``."""
+    task_default_exchange: str | None = None
+    """Celery's: the direct exchange unrouted tasks go through; here only a name, which
+    must be one ``task_queues`` binds to when it declares queues."""
+    task_default_routing_key: str | None = None
+    """Celery's: the key unrouted tasks carry. With ``task_queues``, they go to the queue
+    bound by it (it must be bound); without, to ``task_default_queue``."""
     task_queues: Any = None
     """Celery's forms: kombu ``Queue`` objects (direct exchanges), queue names, or a dict
     of name -> ``{"exchange": ..., "routing_key": ...}``. A worker started without ``-Q``
@@ -250,8 +256,7 @@ class Settings:
             accepted_content_types(self.accept_content)
         except ConfigurationError as exc:
             raise ConfigurationError(f"accept_content: {exc}") from None
-        routers(self.task_routes if self.task_routes is not None else {},
-                declared_queues(self.task_queues))  # the errors now, not at the first send
+        Routing(self)  # its errors now, not at the first send
         if self.task_annotations is not None:
             annotators(self.task_annotations)
         for name in ("task_default_rate_limit",):

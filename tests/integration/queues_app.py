@@ -11,8 +11,10 @@ from celeriac import Celeriac, Settings
 app = Celeriac("queues_app", settings=Settings.from_env())
 app.conf.update(
     task_default_queue="default",
+    task_default_exchange="default",
+    task_default_routing_key="default",
     task_queues=(
-        Queue("default"),
+        Queue("default", Exchange("default"), routing_key="default"),
         Queue("media", Exchange("media"), routing_key="media.video",
               queue_arguments={"x-max-priority": 10}),
     ),

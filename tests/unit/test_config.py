@@ -267,3 +267,31 @@ def test_task_queues_that_route_otherwise_here_are_refused_naming_the_queue(
 def test_a_route_through_an_exchange_no_declared_queue_is_bound_to_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="exchange 'media' is not supported"):
         Settings(task_routes={"m.*": {"exchange": "media", "routing_key": "media.video"}})
+
+
+def test_celerys_default_exchange_and_routing_key_with_declared_queues() -> None:
+    from kombu import Exchange, Queue
+
+    queues = (Queue("default", Exchange("default"), routing_key="default"),
+              Queue("videos", Exchange("media"), routing_key="media.video"))
+    s = Settings(task_queues=queues, task_default_queue="default",
+                 task_default_exchange="default", task_default_routing_key="default")
+    app = Celeriac("dx", broker="memory://dx", settings=s)
+    assert app.route("any.task") == "default"
+    app.send_task("any.task", exchange="default")  # the default exchange may be named
+    assert app.transport.queue_length("default") == 1
+    app.close()
+    # The default key picks the queue unrouted tasks go to, as on RabbitMQ.
+    videos = Settings(task_queues=queues, task_default_routing_key="media.video")
+    assert Celeriac("dv", broker="memory://dv", settings=videos).route("t") == "videos"
+    # Without task_queues they change nothing: the default queue takes unrouted tasks.
+    plain = Settings(task_default_exchange="tasks", task_default_routing_key="task.default")
+    assert Celeriac("dp", broker="memory://dp", settings=plain).route("t") == "celery"
+    with pytest.raises(ConfigurationError, match="task_default_routing_key='nowhere': no "
+                                                 "queue of task_queues is bound by it"):
+        Settings(task_queues=queues, task_default_routing_key="nowhere")
+    with pytest.raises(ConfigurationError, match="task_default_exchange='other': no queue"):
+        Settings(task_queues=queues, task_default_exchange="other")
+    with pytest.raises(ConfigurationError, match=r"task_default_exchange_type='topic'.*only "
+                                                 r"direct routing"):
+        Settings.from_object({"task_default_exchange_type": "topic"})
