@@ -344,20 +344,22 @@ class Celeriac:
         settings = self.settings
         if not settings.task_routes and not settings.task_default_routing_key:
             return settings.task_default_queue  # the common case, on every send
-        return self._routing().route(task_name)
+        return self.routing.route(task_name)
 
     @property
     def default_queues(self) -> list[str]:
         """The queues a worker started without ``-Q`` consumes: those of ``task_queues``,
         else ``task_default_queue`` (Celery's rule)."""
-        return self._routing().default_queues
+        return self.routing.default_queues
 
     def queue_for_key(self, routing_key: str) -> str:
         """The queue a ``routing_key`` reaches: the one ``task_queues`` binds by it, else
         the queue of that name."""
-        return self._routing().queue_for_key(routing_key)
+        return self.routing.queue_for_key(routing_key)
 
-    def _routing(self) -> Routing:
+    @property
+    def routing(self) -> Routing:
+        """Where messages go (``task_routes``, ``task_queues``), for the current settings."""
         cached = self._routers
         if cached is None or cached.settings is not self.settings:
             cached = self._routers = Routing(self.settings)
@@ -511,7 +513,7 @@ class Celeriac:
 
         Canvas builds messages ahead of publishing them (a group: a chunk of messages per
         round trip), so this is ``send_task`` without the publish."""
-        if exchange not in (None, "") and exchange not in self._routing().exchanges:
+        if exchange not in (None, "") and exchange not in self.routing.exchanges:
             raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
                                      "supported: messages go to the queue named by queue= "
                                      "or routing_key= (or bound by it in task_queues); "
@@ -661,7 +663,14 @@ class Celeriac:
         if priority is None:
             priority = self.settings.task_default_priority
         message = Message(h, body, content_type, "utf-8", task_properties(task_id, priority))
-        return message, queue or self.route(name), delay
+        queue = queue or self.route(name)
+        if not self.settings.task_create_missing_queues:
+            try:
+                self.routing.check(queue)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
+                                         "published") from None
+        return message, queue, delay
 
     # -- periodic tasks (celeriac.beat) ---------------------------------------------------
     def add_periodic_task(self, schedule: Any, sig: Any, args: Sequence[Any] = (),

@@ -93,7 +93,6 @@ REFUSED: dict[str, str] = {
     "task_default_exchange_type": "only direct routing is supported (a route or routing "
                                   "key names one queue)",
     "task_default_delivery_mode": "messages are always persistent",
-    "task_create_missing_queues": "queues are always created on first use",
     "task_store_eager_result": "eager results are not stored",
     "task_store_errors_even_if_ignored": "ignored results are never stored",
     "task_inherit_parent_priority": "priorities are not inherited",

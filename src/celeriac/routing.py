@@ -222,6 +222,17 @@ class Routing:
                 return queue
         return self.default
 
+    def check(self, queue: str) -> str:
+        """``queue``, or ``ConfigurationError`` when ``task_create_missing_queues=False``
+        and ``task_queues`` does not declare it (Celery's ``QueueNotFound``)."""
+        if self.settings.task_create_missing_queues or not self.declared or \
+                any(q.name == queue for q in self.declared):
+            return queue
+        raise ConfigurationError(
+            f"queue {queue!r} is not declared in task_queues and "
+            f"task_create_missing_queues is False (declared: "
+            f"{', '.join(q.name for q in self.declared)})")
+
     def queue_for_key(self, routing_key: str) -> str:
         """The queue ``task_queues`` binds by ``routing_key``, else the queue of that name."""
         return self.by_key.get(routing_key, routing_key)

@@ -49,6 +49,9 @@ class Settings:
     task_default_routing_key: str | None = None
     """Celery's: the key unrouted tasks carry. With ``task_queues``, they go to the queue
     bound by it (it must be bound); without, to ``task_default_queue``."""
+    task_create_missing_queues: bool = True
+    """Celery's: False with ``task_queues`` makes sending to a queue they do not declare
+    (and a worker's ``-Q`` naming one) an error; queues are otherwise made on first use."""
     task_queues: Any = None
     """Celery's forms: kombu ``Queue`` objects (direct exchanges), queue names, or a dict
     of name -> ``{"exchange": ..., "routing_key": ...}``. A worker started without ``-Q``

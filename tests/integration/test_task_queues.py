@@ -71,3 +71,12 @@ def test_x_that_leaves_nothing_is_a_usage_error(env: dict[str, str]) -> None:
                       env=env).start(wait_ready=False)
     assert w.wait(15) == 2
     assert "-X default,media leaves no queue to consume" in w.log
+
+
+def test_q_naming_an_undeclared_queue_is_refused_when_queues_are_not_made_on_use(
+        env: dict[str, str]) -> None:
+    w = WorkerProcess("tests.integration.queues_app", "-P", "solo", "-Q", "default,typo",
+                      env={**env, "CELERIAC_TASK_CREATE_MISSING_QUEUES": "false"}
+                      ).start(wait_ready=False)
+    assert w.wait(15) == 2
+    assert "queue 'typo' is not declared in task_queues" in w.log

@@ -295,3 +295,21 @@ def test_celerys_default_exchange_and_routing_key_with_declared_queues() -> None
     with pytest.raises(ConfigurationError, match=r"task_default_exchange_type='topic'.*only "
                                                  r"direct routing"):
         Settings.from_object({"task_default_exchange_type": "topic"})
+
+
+def test_create_missing_queues_false_refuses_undeclared_queues() -> None:
+    s = Settings(task_queues=["default", "media"], task_default_queue="default",
+                 task_create_missing_queues=False)
+    app = Celeriac("strict", broker="memory://strict", settings=s)
+    app.send_task("t", queue="media")
+    with pytest.raises(ConfigurationError, match="cannot send t: queue 'other' is not "
+                                                 "declared in task_queues"):
+        app.send_task("t", queue="other")
+    assert app.transport.queue_length("other") == 0
+    assert app.transport.queue_length("media") == 1
+    app.close()
+    # Without task_queues there is nothing to check against: queues are made on use.
+    loose = Celeriac("loose", broker="memory://loose",
+                     settings=Settings(task_create_missing_queues=False))
+    loose.send_task("t", queue="anywhere")
+    loose.close()

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from .. import signals
+from ..errors import ConfigurationError
 from ..worker import Worker
 from ..worker.pool import POOLS
 from .loader import AppLoader
@@ -154,6 +155,11 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None,
             # "started".
             lock.acquire()
         queue_list = _names(queues) or app.default_queues
+        try:
+            for queue in queue_list:
+                app.routing.check(queue)
+        except ConfigurationError as exc:
+            raise click.UsageError(f"-Q {queues}: {exc}") from None
         if exclude_queues:
             excluded = set(_names(exclude_queues))
             queue_list = [q for q in queue_list if q not in excluded]

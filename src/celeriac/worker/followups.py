@@ -352,6 +352,8 @@ def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
     key = options.get("routing_key")
     queue = options.get("queue") or (app.queue_for_key(key) if key else None) or \
         app.route(name)
+    if not app.settings.task_create_missing_queues:
+        app.routing.check(queue)
     delay = (eta - now).total_seconds() if eta is not None else None
     message = Message(headers, body, content_type, "utf-8", task_properties(task_id, priority))
     return queue, message, delay
