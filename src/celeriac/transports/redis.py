@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -249,13 +249,27 @@ class RedisTransport(Transport):
                            "received", moved, me)
         self._suspect = False
 
+    # -- where a consumer's scripts run: this server; per queue on a Cluster -------------
+    def _by_place(self, tags: Iterable[str]) -> dict[str, list[str]]:
+        """Delivery tags grouped by where their scripts run, as the scripts' ids."""
+        ids = list(tags)
+        return {"": ids} if ids else {}
+
+    def _places(self) -> list[str]:
+        """Where this consumer holds a lease."""
+        return [""]
+
+    async def _arun_at(self, place: str, script: str, args: list[Any]) -> Any:
+        return await self.conn.arun(script, args)
+
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         tags = [d.tag for d in deliveries]
         batch = list(dict.fromkeys([*tags, *self._unacked]))
         if not batch:
             return
         try:
-            await self.conn.arun("ack", [self._me(), *batch])
+            for place, ids in self._by_place(batch).items():
+                await self._arun_at(place, "ack", [self._me(), *ids])
         except OperationalError:
             self._unacked.update(tags)
             raise
@@ -265,16 +279,18 @@ class RedisTransport(Transport):
     async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
                       delay: float = 0.0) -> None:
         tags = [d.tag for d in deliveries]
-        if tags:
-            await self._settle(tags, "requeue", [self._me(), int(not redelivered),
-                                                 max(round(delay * 1000), 0), *tags])
+        flags = [self._me(), int(not redelivered), max(round(delay * 1000), 0)]
+        await self._settle(tags, "requeue", lambda ids: [*flags, *ids])
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        await self._settle([delivery.tag], "dead_letter", [self._me(), delivery.tag, reason])
+        await self._settle([delivery.tag], "dead_letter",
+                           lambda ids: [self._me(), ids[0], reason])
 
-    async def _settle(self, tags: list[str], script: str, args: list[Any]) -> None:
+    async def _settle(self, tags: list[str], script: str,
+                      args: Callable[[list[str]], list[Any]]) -> None:
         try:
-            await self.conn.arun(script, args)
+            for place, ids in self._by_place(tags).items():
+                await self._arun_at(place, script, args(ids))
         except OperationalError:
             # The caller has let go of these messages; if Redis still has them as ours,
             # the next fetch gives them back rather than keeping them while we live.
@@ -291,7 +307,9 @@ class RedisTransport(Transport):
             except OperationalError as exc:
                 logger.warning("%d ack(s) still waiting for the broker: %s",
                                len(self._unacked), exc)
-        restored = int(await self.conn.arun("heartbeat", [me, self._lease_ms()]))
+        restored = 0
+        for place in self._places():
+            restored += int(await self._arun_at(place, "heartbeat", [me, self._lease_ms()]))
         if restored:
             logger.warning("returned %d message(s) of dead consumers to their queues",
                            restored)
@@ -303,7 +321,10 @@ class RedisTransport(Transport):
                 if self._unacked:
                     # Before the give-back, or tasks that finished would run again.
                     await self.ack([])
-                given_back = await self.conn.arun("disconnect", [self.consumer_id])
+                given_back = 0
+                for place in self._places():
+                    given_back += int(await self._arun_at(place, "disconnect",
+                                                          [self.consumer_id]))
                 if given_back:
                     logger.info("gave back %d message(s) on disconnect", given_back)
         finally:

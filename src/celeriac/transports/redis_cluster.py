@@ -36,7 +36,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.redis import FEED_LENGTH
-from ..errors import OperationalError
 from ..protocol import Delivery
 from ..redisclient.cluster import ClusterConnector
 from .base import DeadLetter, Outgoing, Subscription, Transport
@@ -242,75 +241,19 @@ class RedisClusterTransport(RedisTransport):
             logger.warning("gave back %d message(s) of queue %r owned by consumer %r that it "
                            "never received", moved, queue, me)
 
-    async def ack(self, deliveries: Sequence[Delivery]) -> None:
-        tags = [d.tag for d in deliveries]
-        batch = list(dict.fromkeys([*tags, *self._unacked]))
-        try:
-            for queue, ids in _split(batch).items():
-                await self.cluster.arun("ack", self._tag(queue), [self._me(), *ids])
-        except OperationalError:
-            self._unacked.update(tags)
-            raise
-        self._unacked.clear()
-        self._held.difference_update(batch)
+    # -- where scripts run: the queue's slot --------------------------------------------
+    def _by_place(self, tags: Iterable[str]) -> dict[str, list[str]]:
+        return _split(tags)
 
-    async def requeue(self, deliveries: Sequence[Delivery], *, redelivered: bool,
-                      delay: float = 0.0) -> None:
-        tags = [d.tag for d in deliveries]
-        try:
-            for queue, ids in _split(tags).items():
-                await self.cluster.arun("requeue", self._tag(queue), [
-                    self._me(), int(not redelivered), max(round(delay * 1000), 0), *ids])
-        except OperationalError:
-            self._suspect = True
-            raise
-        finally:
-            self._held.difference_update(tags)
+    def _places(self) -> list[str]:
+        return list(self._queues)
 
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        try:
-            for queue, ids in _split([delivery.tag]).items():
-                await self.cluster.arun("dead_letter", self._tag(queue),
-                                        [self._me(), ids[0], reason])
-        except OperationalError:
-            self._suspect = True
-            raise
-        finally:
-            self._held.discard(delivery.tag)
+    async def _arun_at(self, place: str, script: str, args: list[Any]) -> Any:
+        return await self.cluster.arun(script, self._tag(place), args)
 
     async def _heartbeat(self, queue: str) -> int:
         return int(await self.cluster.arun("heartbeat", self._tag(queue),
                                            [self._me(), self._lease_ms()]))
-
-    async def renew_lease(self) -> int:
-        if self._unacked:
-            try:
-                await self.ack([])
-            except OperationalError as exc:
-                logger.warning("%d ack(s) still waiting for the broker: %s",
-                               len(self._unacked), exc)
-        restored = 0
-        for queue in list(self._queues):
-            restored += await self._heartbeat(queue)
-        if restored:
-            logger.warning("returned %d message(s) of dead consumers to their queues",
-                           restored)
-        return restored
-
-    async def disconnect(self) -> None:
-        try:
-            if self.consumer_id is not None:
-                if self._unacked:
-                    await self.ack([])  # before the give-back, or finished tasks run again
-                given_back = 0
-                for queue in list(self._queues):
-                    given_back += int(await self.cluster.arun(
-                        "disconnect", self._tag(queue), [self.consumer_id]))
-                if given_back:
-                    logger.info("gave back %d message(s) on disconnect", given_back)
-        finally:
-            self._held.clear()
-            await self.release()
 
     async def release(self) -> None:
         await self.cluster.aclose()
