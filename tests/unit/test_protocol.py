@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from celeriac import Celeriac
+from celeriac import Celeriac, sending
 from celeriac.protocol import Message, parse_time, validate_headers, validate_properties
 
 V2_HEADERS = {"lang", "task", "id", "root_id", "parent_id", "group", "eta", "expires",
@@ -12,7 +12,7 @@ V2_HEADERS = {"lang", "task", "id", "root_id", "parent_id", "group", "eta", "exp
 
 def test_message_is_celery_protocol_v2() -> None:
     app = Celeriac("p", broker="memory://proto")
-    msg, queue, delay = app._build(
+    msg, queue, delay = sending.build(app,
         "proj.add", (2, 3), {"z": 1}, countdown=None, eta=datetime(2030, 1, 1, tzinfo=UTC),
         expires=60, queue=None, priority=5, task_id="abc", headers=None, serializer=None,
         retries=0, time_limit=10, soft_time_limit=5, ignore_result=False,

@@ -7,7 +7,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from .. import _state
+from .. import _state, sending
 from .._state import SharedTask
 from ..errors import NotRegistered
 from ..protocol import new_id
@@ -243,7 +243,7 @@ class Signature(dict[str, Any]):
         embed = _pop_embed(o)
         if not embed and "group_index" not in o:
             return self.app.send_task(self.task, a, k, retry=retry, retry_policy=policy, **o)
-        item = self.app._prepare(self.task, a, k, embed=embed, **o)
+        item = sending.prepare(self.app, self.task, a, k, embed=embed, **o)
         self.app.publish_prepared([item], retry=retry, retry_policy=policy)
         return AsyncResult(item.message.headers["id"], self.app, self.task)
 
@@ -256,7 +256,7 @@ class Signature(dict[str, Any]):
         for key in ("retry", "retry_policy"):
             o.pop(key, None)
         embed = _pop_embed(o)
-        item = self.app._prepare(self.task, a, k, embed=embed, **o)
+        item = sending.prepare(self.app, self.task, a, k, embed=embed, **o)
         return item, AsyncResult(item.message.headers["id"], self.app, self.task)
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
