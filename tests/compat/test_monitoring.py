@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -68,18 +67,23 @@ class Flower:
     def poll(self, path: str, check: Any, timeout: float, what: str) -> Any:
         """GET ``path`` until ``check(answer)`` holds; fails with Flower's log after
         ``timeout`` s."""
-        deadline = time.monotonic() + timeout
         last: Any = None
-        while time.monotonic() < deadline:
+
+        def answered() -> tuple[Any] | None:
+            nonlocal last
             if self.proc.poll() is not None:
-                break
+                raise TimeoutError("Flower exited")
             try:
                 last = self.get(path)
-                if check(last):
-                    return last
             except OSError as exc:  # not listening yet
                 last = exc
-            time.sleep(0.2)  # sleep-ok: poll interval, bounded by the deadline
+                return None
+            return (last,) if check(last) else None
+
+        try:
+            return wait_until(answered, timeout, 0.2, what)[0]
+        except TimeoutError:
+            pass
         log = self.log_path.read_text(errors="replace")[-3000:]
         pytest.fail(f"Flower: {what} not seen within {timeout:.0f}s; last {last!r}\n{log}")
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from celeriac import Celeriac, Hooks, Settings
+from celeriac.testing import wait_until
 
 app = Celeriac("itest", settings=Settings.from_env())
 
@@ -209,9 +210,7 @@ def total(numbers: list[int]) -> int:
 def progress(self, gate: str) -> str:  # type: ignore[no-untyped-def]
     """Reports progress, then finishes once the test creates ``gate``."""
     self.update_state(state="PROGRESS", meta={"done": 1, "total": 2})
-    deadline = time.monotonic() + 15
-    while not Path(gate).exists() and time.monotonic() < deadline:
-        time.sleep(0.01)  # sleep-ok: bounded wait for the test's signal
+    wait_until(Path(gate).exists, 15, message="the test's gate")
     return "finished"
 
 

@@ -255,16 +255,16 @@ def test_disabled_dispatcher_starts_no_thread(make: Any) -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def _exit_code(pid: int, hung: str, timeout: float = 10.0) -> int:
     """The forked child's exit code; kills it and fails with ``hung`` past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def exited() -> tuple[int] | None:
         done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail(hung)
-        time.sleep(0.01)  # sleep-ok: polling a child's exit status with a deadline
+        return (os.waitstatus_to_exitcode(status),) if done else None
+
+    try:
+        return wait_until(exited, timeout, message="the child's exit")[0]
+    except TimeoutError:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail(hung)
 
 
 def test_forked_child_does_not_deadlock_on_the_dispatcher(make: Any) -> None:

@@ -5,7 +5,6 @@ them into ``task-progress`` events in the worker, only with task events on."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -144,9 +143,7 @@ def test_solo_pool_sends_task_progress_before_the_final_event(memory_app: Celeri
         for i in range(1, n + 1):
             self.update_state(state="PROGRESS", meta={"done": i, "total": n})
         self.update_state(state="WAITING", meta={"gate": str(gate)})
-        deadline = time.monotonic() + 10
-        while not gate.exists() and time.monotonic() < deadline:
-            time.sleep(0.005)  # sleep-ok: bounded wait for the test's signal
+        wait_until(gate.exists, 10, 0.005, "the test's gate")
         return "ok"
 
     with ThreadedWorker(memory_app, task_events=True) as w:
