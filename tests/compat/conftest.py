@@ -212,3 +212,23 @@ def settle(predicate: Any, timeout: float = 20.0, message: str = "condition") ->
         return wait_until(predicate, timeout, 0.05, message)
     except TimeoutError:
         return predicate()
+
+
+def counted_chords(app: Any, count: int, size: int, key: str) -> tuple[list[Any], str]:
+    """``count`` chords of ``size`` ``compat.add(n, i)`` header tasks, alternately on each
+    fleet's queue, each with a ``compat.count_total`` body on ``mixed`` that counts its runs
+    under ``<key>:ours:<n>``: the chords sent from here, and the Celery client's code that
+    sends the same (counted under ``<key>:theirs:<n>``) and puts their results in ``out``."""
+    from celeriac import chord, group, signature
+
+    sent = []
+    for n in range(count):
+        header = group(signature("compat.add", (n, i), app=app).set(
+            queue="to_celery" if i % 2 else "to_celeriac") for i in range(size))
+        body = signature("compat.count_total", kwargs={"key": f"{key}:ours:{n}"}, app=app)
+        sent.append(chord(header)(body.set(queue="mixed")))
+    code = (f"rs = [chord(group(proj.add.s(n, i).set(queue='to_celery' if i % 2 "
+            f"else 'to_celeriac') for i in range({size})))(proj.count_total.s("
+            f"key=f'{key}:theirs:{{n}}').set(queue='mixed')) for n in range({count})]\n"
+            "out = [r.get(timeout=60) for r in rs]")
+    return sent, code

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celeriac import Celeriac, GroupResult, chord, group, signature
-from tests.compat.conftest import CeleryError
+from tests.compat.conftest import CeleryError, counted_chords
 from tests.services import require
 
 pytestmark = pytest.mark.slow
@@ -93,17 +93,8 @@ def test_groups_saved_by_one_side_are_restored_by_the_other(app: Celeriac, fleet
 def test_mixed_chords_complete_once_from_either_side(app: Celeriac, fleet: Any) -> None:
     """Header tasks alternate between the fleets; the chord_unlock task and the body go
     to a queue both consume, so either side polls. Each body runs once."""
-    ours = []
-    for n in range(4):
-        header = group(signature("compat.add", (n, i), app=app).set(
-            queue="to_celery" if i % 2 else "to_celeriac") for i in range(4))
-        body = signature("compat.count_total", kwargs={"key": f"pg:ours:{n}"}, app=app)
-        ours.append(chord(header)(body.set(queue="mixed")))
-    out = fleet.celery.run(
-        "rs = [chord(group(proj.add.s(n, i).set(queue='to_celery' if i % 2 "
-        "else 'to_celeriac') for i in range(4)))(proj.count_total.s(key=f'pg:theirs:{n}')"
-        ".set(queue='mixed')) for n in range(4)]\n"
-        "out = [r.get(timeout=60) for r in rs]", 90)
+    ours, code = counted_chords(app, 4, 4, "pg")
+    out = fleet.celery.run(code, 90)
     assert out == [4 * n + 6 for n in range(4)]
     assert [r.get(timeout=60) for r in ours] == [4 * n + 6 for n in range(4)]
     runs = redis.Redis(db=DB).mget([f"pg:{side}:{n}" for side in ("ours", "theirs")

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celeriac import Celeriac, chain, chord, group, signature
-from tests.compat.conftest import CeleryError, settle
+from tests.compat.conftest import CeleryError, counted_chords, settle
 from tests.services import require
 
 pytestmark = pytest.mark.slow
@@ -149,17 +149,9 @@ def test_many_chords_fire_once(app: Celeriac, fleet: Any) -> None:
     """Twenty chords of 6 from each side, header tasks on both fleets, bodies on either:
     each body ran exactly once (Celery and celeriac count the parts in one zset; one of
     them sees the last) and got the results in member order."""
-    results = []
-    for n in range(20):
-        header = group(signature("compat.add", (n, i), app=app).set(
-            queue="to_celery" if i % 2 else "to_celeriac") for i in range(6))
-        body = signature("compat.count_total", kwargs={"key": f"runs:ours:{n}"}, app=app)
-        results.append(chord(header)(body.set(queue="mixed")))
+    results, code = counted_chords(app, 20, 6, "runs")
     assert [r.get(timeout=60) for r in results] == [6 * n + 15 for n in range(20)]
-    out = celery(fleet, "rs = [chord(group(proj.add.s(n, i).set(queue='to_celery' if i % 2 "
-                        "else 'to_celeriac') for i in range(6)))(proj.count_total.s("
-                        "key=f'runs:theirs:{n}').set(queue='mixed')) for n in range(20)]\n"
-                        "out = [r.get(timeout=60) for r in rs]")
+    out = celery(fleet, code)
     assert out == [6 * n + 15 for n in range(20)]
     client = redis.Redis(db=DB)
     runs = client.mget([f"runs:{side}:{n}" for side in ("ours", "theirs")
