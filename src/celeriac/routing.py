@@ -16,7 +16,7 @@ There are no exchanges here: a message goes to one queue, by name.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import ConfigurationError
@@ -81,11 +81,7 @@ def _declared(item: Any) -> DeclaredQueue:
         raise ConfigurationError(f"task_queues: expected a queue name or a kombu Queue, got "
                                  f"{item!r}")
     exchange = getattr(item, "exchange", None)
-    kind = getattr(exchange, "type", None) or "direct"
-    if kind != "direct":
-        raise ConfigurationError(
-            f"task_queues: queue {name!r} is bound to a {kind} exchange; only direct routing "
-            "is supported (a route or routing_key names one queue)")
+    _check_direct(name, getattr(exchange, "type", None))
     if getattr(item, "bindings", None):
         raise ConfigurationError(f"task_queues: queue {name!r} has several bindings; only "
                                  "one routing key per queue is supported")
@@ -98,15 +94,18 @@ def _declared(item: Any) -> DeclaredQueue:
                          getattr(exchange, "name", None) or "")
 
 
+def _check_direct(queue: Any, kind: Any) -> None:
+    if (kind or "direct") != "direct":
+        raise ConfigurationError(
+            f"task_queues: queue {queue!r} is bound to a {kind} exchange; only direct routing "
+            "is supported (a route or routing_key names one queue)")
+
+
 def _queue_from_dict(name: Any, options: Any) -> DeclaredQueue:
     if options is not None and not isinstance(options, Mapping):
         return _declared(options)  # {name: Queue(...)}
     options = options or {}
-    kind = options.get("exchange_type") or "direct"
-    if kind != "direct":
-        raise ConfigurationError(
-            f"task_queues: queue {name!r} is bound to a {kind} exchange; only direct routing "
-            "is supported (a route or routing_key names one queue)")
+    _check_direct(name, options.get("exchange_type"))
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"task_queues: a queue name must be a string, got {name!r}")
     # Celery's old form names the key binding_key (routing_key, its alias, wins).
@@ -117,30 +116,18 @@ def _queue_from_dict(name: Any, options: Any) -> DeclaredQueue:
 Router = Callable[[str], "str | None"]
 
 
-def routers(value: Any, queues: Iterable[DeclaredQueue] = ()) -> tuple[Router, ...]:
+def routers(value: Any, routing: Routing) -> tuple[Router, ...]:
     """``task_routes`` as Celery takes it (a dict, a router function, or a list of those,
     tried in order), turned into functions of the task name that return a queue. A
-    route's ``routing_key`` names the queue of ``task_queues`` bound by it, else the queue
-    of that name; its ``exchange`` may be one those queues are bound to."""
+    route's ``routing_key`` names the queue ``routing`` binds by it; its ``exchange`` must
+    be one ``routing`` allows."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    bound = _Bindings(queues)
-    return tuple(_router(item, bound) for item in items)
+    return tuple(_router(item, routing) for item in items)
 
 
-class _Bindings:
-    """What ``task_queues`` binds: routing key -> queue, and the exchanges."""
-
-    def __init__(self, queues: Iterable[DeclaredQueue]) -> None:
-        self.by_key = {q.routing_key: q.name for q in queues}
-        self.exchanges = {q.exchange for q in queues} | {""}
-
-    def queue(self, key: str) -> str:
-        return self.by_key.get(key, key)
-
-
-def _router(item: Any, bound: _Bindings) -> Router:
+def _router(item: Any, routing: Routing) -> Router:
     if isinstance(item, Mapping):
-        table = {pattern: _route_queue(pattern, target, bound)
+        table = {pattern: _route_queue(pattern, target, routing)
                  for pattern, target in item.items()}
         exact = {k: v for k, v in table.items() if not any(c in k for c in "*?[")}
         globs = [(k, v) for k, v in table.items() if k not in exact]
@@ -162,24 +149,24 @@ def _router(item: Any, bound: _Bindings) -> Router:
         if len(positional) >= 4:
             # Celery's router signature: (name, args, kwargs, options, task=None, **kw).
             def celery_router(task: str) -> str | None:
-                return _route_result(task, item(task, (), {}, {}), bound)
+                return _route_result(task, item(task, (), {}, {}), routing)
             return celery_router
-        return lambda task: _route_result(task, item(task), bound)
+        return lambda task: _route_result(task, item(task), routing)
     raise ConfigurationError(f"task_routes: expected a dict, a router function or a list "
                              f"of them, got {type(item).__name__}")
 
 
-def _route_queue(pattern: Any, target: Any, bound: _Bindings) -> str:
+def _route_queue(pattern: Any, target: Any, routing: Routing) -> str:
     if not isinstance(pattern, str):
         raise ConfigurationError(f"task_routes: keys are task names or glob patterns, got "
                                  f"{pattern!r}")
-    queue = _route_result(pattern, target, bound)
+    queue = _route_result(pattern, target, routing)
     if queue is None:
         raise ConfigurationError(f"task_routes[{pattern!r}]: no queue in {target!r}")
     return queue
 
 
-def _route_result(task: str, target: Any, bound: _Bindings) -> str | None:
+def _route_result(task: str, target: Any, routing: Routing) -> str | None:
     if target is None or isinstance(target, str):
         return target or None
     if isinstance(target, Mapping):
@@ -188,9 +175,9 @@ def _route_result(task: str, target: Any, bound: _Bindings) -> str | None:
             raise ConfigurationError(f"task_routes for {task!r}: {sorted(unknown)} not "
                                      "supported (a route names a queue)")
         key = target.get("routing_key")
-        queue = target.get("queue") or (bound.queue(key) if key else None)
-        exchange = getattr(target.get("exchange"), "name", target.get("exchange"))
-        if exchange is not None and exchange != queue and exchange not in bound.exchanges:
+        queue = target.get("queue") or (routing.queue_for_key(key) if key else None)
+        exchange = target.get("exchange")
+        if not routing.allows(exchange, queue):
             raise ConfigurationError(f"task_routes for {task!r}: exchange {exchange!r} is "
                                      "not supported (messages go to the named queue)")
         return str(queue) if queue else None
@@ -204,7 +191,6 @@ class Routing:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.declared = declared_queues(settings.task_queues)
-        self.routers = routers(settings.task_routes or {}, self.declared)
         self.by_key = {q.routing_key: q.name for q in self.declared}
         """routing key -> the declared queue bound by it."""
         self.exchanges = frozenset(q.exchange for q in self.declared if q.exchange)
@@ -213,6 +199,7 @@ class Routing:
         """Where a task no router names goes."""
         if settings.task_default_exchange:
             self.exchanges |= {settings.task_default_exchange}
+        self.routers = routers(settings.task_routes or {}, self)
 
     def route(self, task_name: str) -> str:
         """The first router's queue for ``task_name``, else the default queue."""
@@ -221,6 +208,13 @@ class Routing:
             if queue:
                 return queue
         return self.default
+
+    def allows(self, exchange: Any, queue: str | None) -> bool:
+        """Whether ``exchange`` (a name, or a kombu ``Exchange``) routes as a queue name
+        does here: none, the default one (``""``), ``queue``'s own name, or one a declared
+        queue (or ``task_default_exchange``) is bound to."""
+        name = getattr(exchange, "name", exchange)
+        return name in (None, "") or name == queue or name in self.exchanges
 
     def check(self, queue: str) -> str:
         """``queue``, or ``ConfigurationError`` when ``task_create_missing_queues=False``

@@ -41,7 +41,7 @@ def prepare(
 
     Canvas builds messages ahead of publishing them (a group: a chunk of messages per
     round trip), so this is ``send_task`` without the publish."""
-    if exchange not in (None, "") and exchange not in app.routing.exchanges:
+    if not app.routing.allows(exchange, None):
         raise ConfigurationError(f"send_task({name!r}): exchange={exchange!r} is not "
                                  "supported: messages go to the queue named by queue= "
                                  "or routing_key= (or bound by it in task_queues); "
