@@ -26,12 +26,11 @@ from celeriac.settings import Settings
 from celeriac.testing import wait_until
 from celeriac.transports.amqp import AMQPTransport, wire
 from celeriac.transports.base import Outgoing, create_transport
+from tests.compat.conftest import celery_venv  # noqa: F401  (a fixture: Celery, made on first use)
 from tests.loops import forget, run, track
 from tests.services import require
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[2]
-CELERY_PYTHON = ROOT / "bench" / ".venv-celery" / "bin" / "python"
 mp = multiprocessing.get_context("fork")
 
 
@@ -215,13 +214,11 @@ def test_queue_declared_otherwise_is_used_as_it_is(broker: Broker,
     assert "exists with other arguments" in caplog.text
 
 
-# -- Celery itself (when the bench has made its virtualenv) -------------------------------
+# -- Celery itself (its virtualenv made on first use, as the compat tests make it) -------
 
-def _celery(script: str, url: str) -> str:
-    if not CELERY_PYTHON.exists():
-        pytest.skip("no Celery virtualenv (bench/.venv-celery): run `make bench` once")
-    done = subprocess.run([str(CELERY_PYTHON), "-c", script, url], capture_output=True,
-                          text=True, timeout=60)
+def _celery(venv: Path, script: str, url: str) -> str:
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", script, url],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -252,8 +249,8 @@ with Connection(sys.argv[1]) as conn:
 """
 
 
-def test_a_celery_producers_task_is_consumed(broker: Broker) -> None:
-    task_id = _celery(CELERY_SEND.replace("sys.argv[2]", repr(f"{broker.ns}q")),
+def test_a_celery_producers_task_is_consumed(broker: Broker, celery_venv: Path) -> None:  # noqa: F811
+    task_id = _celery(celery_venv, CELERY_SEND.replace("sys.argv[2]", repr(f"{broker.ns}q")),
                       broker.base).strip()
 
     async def scenario() -> Delivery:
@@ -270,10 +267,10 @@ def test_a_celery_producers_task_is_consumed(broker: Broker) -> None:
     assert (args, kwargs) == ([2, 3], {"z": 1.5})
 
 
-def test_celery_reads_our_task_message_as_sent(broker: Broker) -> None:
+def test_celery_reads_our_task_message_as_sent(broker: Broker, celery_venv: Path) -> None:  # noqa: F811
     sent = task_message("6b6f5b1e-0000-4000-8000-000000000002")
     broker().publish("q", sent)
-    got = json.loads(_celery(CELERY_READ.replace("sys.argv[2]", repr(f"{broker.ns}q")),
+    got = json.loads(_celery(celery_venv, CELERY_READ.replace("sys.argv[2]", repr(f"{broker.ns}q")),
                              broker.base))
     assert got["headers"] == sent.headers
     assert bytes.fromhex(got["body"]) == sent.body

@@ -93,7 +93,10 @@ def test_table_is_created_on_first_use_by_racing_processes(server: str, namespac
     assert {m.result for m in got.values()} == set(range(racers))
 
 
-def test_notify_wakes_a_waiter_within_50ms(make: Factory) -> None:
+def test_notify_wakes_a_waiter_at_once(make: Factory) -> None:
+    """LISTEN/NOTIFY, not a poll: a missed notification would return at the wait's 5 s
+    timeout. Woken, it takes a few milliseconds; the bound leaves a loaded machine's
+    scheduling room."""
     waiter, writer = make(), make()
     stored_at: list[float] = []
     woke_at: list[float] = []
@@ -114,7 +117,7 @@ def test_notify_wakes_a_waiter_within_50ms(make: Factory) -> None:
     finally:
         thread.join(10)
     latencies = [w - s for w, s in zip(woke_at, stored_at, strict=True)]
-    assert max(latencies) < 0.05, latencies
+    assert max(latencies) < 0.5, latencies
 
 
 @pytest.mark.parametrize("bad", ["x;drop table y", "1abc", "", "a" * 44, 'a"b', "with-dash",

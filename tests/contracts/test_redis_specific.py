@@ -417,7 +417,10 @@ def test_result_expiry_is_redis_own(url: str, ns: str) -> None:
     forever.close()
 
 
-def test_get_wakes_within_milliseconds_of_the_store(url: str) -> None:
+def test_get_wakes_at_once_on_the_store(url: str) -> None:
+    """The mechanism, a woken wait: nothing polls, so a missed wake-up would return at
+    the wait's 5 s timeout. Woken, the median is about a millisecond; the bound leaves a
+    loaded machine's scheduling room."""
     waiter, writer = _backend(url), _backend(url)
     latencies = []
     for n in range(5):
@@ -436,7 +439,7 @@ def test_get_wakes_within_milliseconds_of_the_store(url: str) -> None:
         latencies.append(time.monotonic() - storing[0] if storing else 1.0)
         thread.join(5)
         assert got[f"t-{n}"].result == n
-    assert sorted(latencies)[2] < 0.01, latencies
+    assert sorted(latencies)[2] < 0.25, latencies
     waiter.close()
     writer.close()
 

@@ -121,8 +121,11 @@ def test_expired_task_is_revoked(app: Celeriac, start_worker: Callable[..., Work
     assert r.state == states.REVOKED
 
 
-def test_idle_worker_picks_up_within_10ms(app: Celeriac,
-                                          start_worker: Callable[..., WorkerProcess]) -> None:
+def test_idle_worker_picks_up_at_once(app: Celeriac,
+                                     start_worker: Callable[..., WorkerProcess]) -> None:
+    """An idle worker is woken by a publish, it does not poll: a missed wake-up would
+    wait for its next fetch (seconds). Woken, the median is a few milliseconds on an
+    idle machine (bench/ measures it); the bound leaves a loaded machine room."""
     start_worker()
     t.stamp.delay().get(timeout=10)  # warm up
     latencies = []
@@ -132,7 +135,7 @@ def test_idle_worker_picks_up_within_10ms(app: Celeriac,
         latencies.append(t.stamp.delay().get(timeout=10) - sent)
     median = statistics.median(latencies)
     print(f"idle pickup latency: median {median * 1000:.2f} ms, max {max(latencies) * 1000:.2f} ms")
-    assert median < 0.010
+    assert median < 0.25
 
 
 def test_many_tasks_all_results(app: Celeriac, start_worker: Callable[..., WorkerProcess]) -> None:
