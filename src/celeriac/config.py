@@ -72,7 +72,7 @@ HARMLESS: dict[str, str] = {
         "task_remote_tracebacks", "task_repr_maxlevels", "task_create_missing_queue_type",
         "task_create_missing_queue_exchange_type", "task_queue_max_priority",
         "result_accept_content"],
-        "celeriac's worker does this its own way (README, \"Coming from Celery\")"),
+        "celeriac's worker does this its own way (docs/migrating.md)"),
     **dict.fromkeys([
         "beat_cron_starting_deadline", "beat_enable_remote_control",
         "beat_remote_control_max_tick_age", "beat_sync_every"],
