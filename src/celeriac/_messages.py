@@ -42,11 +42,21 @@ def encode_body(name: str, args: list[Any], kwargs: dict[str, Any], serializer: 
                  ) -> tuple[str, bytes]:
     try:
         return serialization.dumps((args, kwargs, EMPTY_EMBED), serializer)
-    except EncodeError:
-        pass
+    except EncodeError as exc:
+        failure = exc
     # Find the culprit so the message names the argument, not just the type.
-    for label, value in [*((f"argument {i}", a) for i, a in enumerate(args)),
-                         *((f"keyword argument {k!r}", v) for k, v in kwargs.items())]:
+    labelled = [*((f"argument {i}", a) for i, a in enumerate(args)),
+                *((f"keyword argument {k!r}", v) for k, v in kwargs.items())]
+    if serialization.too_deep(failure.__cause__):
+        # The limit is the body's: an argument sits two levels down in it ([args, kwargs,
+        # embed], then args), so one may fail there and yet encode on its own.
+        for label, value in labelled:
+            problem = serialization.depth_problem(value, serializer, enclosing=2,
+                                                  where=" in a task's argument")
+            if problem:
+                raise EncodeError(f"cannot send {name}: {label} {problem}; nothing was "
+                                  f"published") from failure
+    for label, value in labelled:
         try:
             serialization.dumps(value, serializer)
         except EncodeError as exc:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from .errors import BrokerUnavailable, ConfigurationError
+from .errors import BrokerUnavailable, ConfigurationError, OperationalError
 
 T = TypeVar("T")
 
@@ -57,19 +57,29 @@ class Database:
     sharing the file queue behind sleeping waiters. Connections are opened with no busy
     timeout and ``_retry`` backs off from 20 us, doubling up to 2 ms, until
     ``busy_timeout`` seconds have passed.
+
+    Faults of the file itself (read-only, cannot be opened, disk full, not a database)
+    leave as celeriac's ``OperationalError`` naming the file and the reason in one line;
+    ``role`` (``"broker"``, ``"results"``...) says whose file it is.
     """
 
-    def __init__(self, path: str, schema: str, busy_timeout: float = 30.0) -> None:
+    def __init__(self, path: str, schema: str, busy_timeout: float = 30.0,
+                 role: str | None = None) -> None:
         self.path = path
         self.schema = schema
         self.busy_timeout = busy_timeout
+        self.role = role
+        self.label = f"{role} database {path}" if role else f"SQLite database {path}"
         self._local = threading.local()
+        self._identity: tuple[int, int] | None = None
+        """(device, inode) of the file the first connection opened: ``check_file``."""
 
     def conn(self) -> sqlite3.Connection:
         local = self._local
         conn: sqlite3.Connection | None = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
             return conn
+        conn = None
         try:
             conn = sqlite3.connect(self.path, timeout=0, isolation_level=None,
                                    check_same_thread=False)
@@ -77,10 +87,20 @@ class Database:
             # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or
             # power loss can lose the last transactions.
             conn.execute("PRAGMA synchronous=NORMAL")
-            with self.transaction(conn):
+            with self._transaction(conn, immediate=True):
                 _exec_script(conn, self.schema)
         except sqlite3.Error as exc:
-            raise BrokerUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+            if conn is not None:
+                conn.close()
+            raise self.fault(exc, opening=True) from exc
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        if self._identity is None:
+            with contextlib.suppress(OSError):
+                st = os.stat(self.path)
+                self._identity = (st.st_dev, st.st_ino)
         local.conn, local.pid = conn, os.getpid()
         return conn
 
@@ -89,18 +109,101 @@ class Database:
         self, conn: sqlite3.Connection | None = None, immediate: bool = True
     ) -> Iterator[sqlite3.Connection]:
         conn = conn or self.conn()
+        try:
+            with self._transaction(conn, immediate):
+                yield conn
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, _BUGS):
+                raise
+            raise self.fault(exc) from exc
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: sqlite3.Connection, immediate: bool
+                     ) -> Iterator[sqlite3.Connection]:
         self._retry(conn.execute, "BEGIN IMMEDIATE" if immediate else "BEGIN")
         try:
             yield conn
+            self._retry(conn.execute, "COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # A failed statement (or COMMIT) may leave the transaction open, or SQLite may
+            # have rolled it back already: the error to report is the one that got here,
+            # never a ROLLBACK's "no transaction is active".
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
-        self._retry(conn.execute, "COMMIT")
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Rows of a read-only statement (outside a transaction)."""
         conn = self.conn()
-        return self._retry(lambda: conn.execute(sql, params).fetchall())
+        try:
+            return self._retry(lambda: conn.execute(sql, params).fetchall())
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, _BUGS):
+                raise
+            raise self.fault(exc) from exc
+
+    def check_file(self) -> None:
+        """Raise ``OperationalError`` if the file at ``path`` is no longer the one this
+        object opened: deleted (with its directory or not) or replaced.
+
+        SQLite would not notice: its open descriptors keep the old file alive, and every
+        write would land in a file nobody else can open. A stat and a compare."""
+        if self._identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            directory = os.path.dirname(self.path)
+            gone = "" if os.path.isdir(directory) else f", and so was its directory {directory}"
+            raise OperationalError(f"{self.label} was deleted (or moved away) while in use"
+                                   f"{gone}") from None
+        except OSError:
+            return  # unreadable path (a permission change): the next write says why
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise OperationalError(
+                f"{self.label} was replaced by another file while in use (inode "
+                f"{self._identity[1]}, now {st.st_ino})")
+
+    def fault(self, exc: sqlite3.Error, opening: bool = False) -> OperationalError:
+        """``exc``, an error of the file itself, as one line naming the file and why.
+
+        A failure to open is ``BrokerUnavailable`` (the broker cannot be reached), except
+        a read-only file: it opens, and is refused at the first write."""
+        code = getattr(exc, "sqlite_errorcode", 0)
+        name = getattr(exc, "sqlite_errorname", "")
+        directory, base = os.path.split(self.path)
+        # SQLite says "readonly directory" only where access() does; as root, an
+        # immutable directory shows as "unable to open" an existing file.
+        locked_dir = os.path.isdir(directory) and not os.access(directory, os.W_OK)
+        if code & 0xFF == sqlite3.SQLITE_READONLY or (
+                code & 0xFF == sqlite3.SQLITE_CANTOPEN and locked_dir
+                and os.path.exists(self.path)):
+            if name == "SQLITE_READONLY_DIRECTORY" or locked_dir:
+                return OperationalError(
+                    f"{self.label} is read-only ({exc}): its directory {directory} is not "
+                    f"writable, and SQLite must create {base}-wal and {base}-shm there")
+            if name == "SQLITE_READONLY_DBMOVED":
+                return OperationalError(f"{self.label} was moved or deleted while in use "
+                                        f"({exc})")
+            return OperationalError(
+                f"{self.label} is read-only ({exc}); celeriac must be able to write to it "
+                f"and to create {base}-wal and {base}-shm in {directory}")
+        if opening:
+            whose = f" (for the {self.role})" if self.role else ""
+            if not os.path.isdir(directory):
+                why = f"its directory {directory} does not exist ({exc})"
+            elif locked_dir:
+                why = f"its directory {directory} is not writable ({exc})"
+            else:
+                why = str(exc)
+            return BrokerUnavailable(f"cannot open SQLite database {self.path}{whose}: {why}")
+        if code & 0xFF == sqlite3.SQLITE_FULL:
+            return OperationalError(f"{self.label}: the disk is full ({exc})")
+        if code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return OperationalError(f"{self.label} is not a SQLite database, or is "
+                                    f"damaged ({exc})")
+        return OperationalError(f"{self.label} failed: {exc}")
 
     def _retry(self, fn: Callable[..., T], *args: Any) -> T:
         delay, deadline = 20e-6, None
@@ -114,8 +217,7 @@ class Database:
                 deadline = deadline or now + self.busy_timeout
                 if now >= deadline:
                     raise BrokerUnavailable(
-                        f"SQLite database {self.path!r} stayed locked for "
-                        f"{self.busy_timeout:g}s: {exc}"
+                        f"{self.label} stayed locked for {self.busy_timeout:g}s: {exc}"
                     ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 2e-3)
@@ -125,6 +227,11 @@ class Database:
         if conn is not None and self._local.pid == os.getpid():
             conn.close()
         self._local = threading.local()
+
+
+_BUGS = (sqlite3.IntegrityError, sqlite3.ProgrammingError)
+"""SQLite errors that are ours (a constraint, a bad statement), not the file's: raised as
+they are, with their traceback."""
 
 
 def _exec_script(conn: sqlite3.Connection, script: str) -> None:

@@ -11,7 +11,8 @@
     │       └── ContentDisallowed   the content type is not in ``accept_content``
     ├── BrokerError
     │   ├── OperationalError        the broker failed an operation after retries
-    │   │   └── BrokerUnavailable   the broker cannot be reached
+    │   │   ├── BrokerUnavailable   the broker cannot be reached
+    │   │   └── BrokerLost          the broker's file went away under a worker: it stops
     │   └── MessageTooLarge         the message exceeds ``max_message_size``
     ├── TaskError                   raised by ``AsyncResult.get()`` and inside tasks
     │   ├── TaskFailed              a remote exception that is not re-created locally
@@ -83,6 +84,12 @@ class OperationalError(BrokerError):
 
 class BrokerUnavailable(OperationalError):
     """The broker cannot be reached."""
+
+
+class BrokerLost(OperationalError):
+    """What the broker holds is gone for good under a running worker (the SQLite file
+    was deleted or replaced): not an outage to wait out, since whatever the worker wrote
+    from then on would land where no other process looks. The worker stops, non-zero."""
 
 
 class MessageTooLarge(BrokerError):

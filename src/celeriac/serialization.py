@@ -2,13 +2,17 @@
 
 A reader accepts only the serializers listed in ``accept_content``; anything else raises
 ``ContentDisallowed`` before a byte of it is decoded.
+
+Nesting has limits: orjson encodes at most 254 levels of lists and dicts, msgpack 1025,
+pickle as deep as Python's recursion limit lets it go. Past them (or for a list or dict
+that contains itself) the ``EncodeError`` says so, not just the value's type.
 """
 
 from __future__ import annotations
 
 import functools
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -99,7 +103,100 @@ def dumps(obj: Any, serializer: str = "json") -> tuple[str, bytes]:
     try:
         return s.content_type, s.dumps(obj)
     except Exception as exc:
-        raise EncodeError(f"cannot serialize with {serializer!r}: {exc}") from exc
+        reason = _deep(obj, serializer) if too_deep(exc) else str(exc)
+        raise EncodeError(f"cannot serialize with {serializer!r}: {reason}") from exc
+
+
+def _deep(obj: Any, serializer: str) -> str:
+    # No count of levels: a caller may have wrapped the value (a result in its meta).
+    limit = DEPTH_LIMITS.get(serializer)
+    if limit is None:
+        return "nested too deeply for Python's recursion limit"
+    if nesting(obj) is None:
+        return "a list or dict in it contains itself"
+    return (f"nested too deeply: over the {limit} levels of lists and dicts the "
+            f"{serializer!r} serializer encodes")
+
+
+DEPTH_LIMITS = {"json": 254, "msgpack": 1025}
+"""Levels of lists and dicts each serializer encodes at most: orjson's limit, and
+msgpack's (its recursion limit, 1024, counts the levels below the top one). Pickle's is
+Python's recursion limit, which depends on the stack: not a number to state."""
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def too_deep(exc: BaseException | None) -> bool:
+    """Whether a serializer's error means its value was nested past the serializer's
+    limit, or contains itself: orjson, msgpack and pickle each say it their own way."""
+    if isinstance(exc, RecursionError):
+        return True
+    return isinstance(exc, (TypeError, ValueError)) and str(exc).rstrip(".").lower() in (
+        "recursion limit reached", "recursion limit exceeded")
+
+
+def nesting(obj: Any) -> int | None:
+    """Levels of lists, tuples, dicts and sets in ``obj`` (``[]`` is 1, ``[[]]`` 2);
+    None if one of them contains itself. Iterative: the values it measures are the
+    ones too deep to recurse into."""
+    if not isinstance(obj, _CONTAINERS):
+        return 0
+    done: dict[int, int] = {}  # shared values are measured once
+    on_path = {id(obj)}
+    stack: list[tuple[Any, Iterator[Any], int]] = [(obj, _children(obj), 0)]
+    while stack:
+        node, children, deepest = stack[-1]
+        for child in children:
+            if not isinstance(child, _CONTAINERS):
+                continue
+            if id(child) in on_path:
+                return None
+            if id(child) in done:
+                deepest = max(deepest, done[id(child)])
+                continue
+            stack[-1] = (node, children, deepest)
+            stack.append((child, _children(child), 0))
+            on_path.add(id(child))
+            break
+        else:
+            stack.pop()
+            on_path.discard(id(node))
+            done[id(node)] = deepest + 1
+            if stack:
+                parent, rest, parent_deepest = stack[-1]
+                stack[-1] = (parent, rest, max(parent_deepest, deepest + 1))
+    return done[id(obj)]
+
+
+def _children(obj: Any) -> Iterator[Any]:
+    return iter(obj.values()) if isinstance(obj, dict) else iter(obj)
+
+
+def depth_problem(obj: Any, serializer: str, enclosing: int = 0, where: str = ""
+                  ) -> str | None:
+    """When its nesting is why ``obj`` cannot be encoded, the rest of a sentence saying
+    so (``"is nested too deeply: ..."``), else None. ``obj`` sits ``enclosing`` levels
+    down in what is encoded; ``where`` ends the sentence (``" in a task's argument"``)."""
+    limit = DEPTH_LIMITS.get(serializer)
+    if limit is None:
+        # Python's recursion limit: only trying says whether it is reached.
+        try:
+            get_serializer(serializer).dumps(obj)
+        except RecursionError:
+            return (f"is nested too deeply: {nesting(obj)} levels of lists and dicts, more "
+                    f"than the {serializer!r} serializer encodes within Python's recursion "
+                    f"limit")
+        except Exception:
+            return None
+        return None
+    levels = nesting(obj)
+    if levels is None:
+        return ("contains itself (a list or dict inside itself), which the "
+                f"{serializer!r} serializer cannot encode")
+    if levels + enclosing <= limit:
+        return None
+    return (f"is nested too deeply: {levels} levels of lists and dicts, over the "
+            f"{limit - enclosing} the {serializer!r} serializer encodes{where}")
 
 
 def loads(data: bytes, content_type: str, accept: frozenset[str]) -> Any:

@@ -1,10 +1,11 @@
 import datetime
+import re
 import uuid
 
 import pytest
 
-from celeriac import ContentDisallowed, DecodeError, EncodeError
-from celeriac.serialization import accepted_content_types, dumps, loads
+from celeriac import Celeriac, ContentDisallowed, DecodeError, EncodeError
+from celeriac.serialization import accepted_content_types, dumps, loads, nesting
 
 JSON_ONLY = accepted_content_types(("json",))
 
@@ -37,3 +38,76 @@ def test_msgpack_round_trip() -> None:
 def test_garbage_is_decode_error() -> None:
     with pytest.raises(DecodeError):
         loads(b"{nope", "application/json", JSON_ONLY)
+
+
+def _nested(levels: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_nesting_counts_levels_iteratively_and_finds_cycles() -> None:
+    assert nesting(5) == 0
+    assert nesting([]) == 1
+    assert nesting({"a": [1, {"b": ()}]}) == 4
+    shared = [[1]]
+    assert nesting([shared, shared, [shared]]) == 4
+    assert nesting(_nested(100_000)) == 100_000  # no recursion
+    loop: list[object] = []
+    loop.append([loop])
+    assert nesting(loop) is None
+
+
+@pytest.mark.parametrize(("serializer", "limit"), [("json", 254), ("msgpack", 1025)])
+def test_too_deep_says_so_at_the_serializers_limit(serializer: str, limit: int) -> None:
+    dumps(_nested(limit), serializer)  # the limit itself encodes
+    with pytest.raises(EncodeError, match=f"nested too deeply: over the {limit} levels of "
+                                          f"lists and dicts the '{serializer}' serializer"):
+        dumps(_nested(limit + 1), serializer)
+
+
+def test_too_deep_for_pickle_names_the_recursion_limit() -> None:
+    with pytest.raises(EncodeError, match="nested too deeply for Python's recursion limit"):
+        dumps(_nested(10_000), "pickle")
+
+
+def test_a_list_inside_itself_is_named() -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(EncodeError, match="a list or dict in it contains itself"):
+        dumps(loop)
+
+
+@pytest.mark.parametrize(
+    ("serializer", "levels", "expected"),
+    [
+        ("json", 10_000, "argument 1 is nested too deeply: 10000 levels of lists and dicts, "
+                         "over the 252 the 'json' serializer encodes in a task's argument"),
+        # The body's own two levels push a 253-level argument past orjson's 254.
+        ("json", 253, "argument 1 is nested too deeply: 253 levels"),
+        ("msgpack", 10_000, "over the 1023 the 'msgpack' serializer encodes"),
+        ("pickle", 10_000, "argument 1 is nested too deeply: 10000 levels of lists and "
+                           "dicts, more than the 'pickle' serializer encodes within Python's"),
+    ],
+)
+def test_an_argument_nested_too_deeply_is_named(memory_app: Celeriac, serializer: str,
+                                                levels: int, expected: str) -> None:
+    @memory_app.task
+    def take(*args: object) -> None: ...
+
+    with pytest.raises(EncodeError, match=re.escape(expected)) as raised:
+        take.apply_async((1, _nested(levels)), serializer=serializer)
+    assert "has type list" not in str(raised.value)
+    assert str(raised.value).endswith("nothing was published")
+    assert memory_app.transport.queue_length("celery") == 0
+
+
+def test_an_argument_inside_itself_is_named(memory_app: Celeriac) -> None:
+    @memory_app.task
+    def take(**kwargs: object) -> None: ...
+
+    loop: dict[str, object] = {}
+    loop["me"] = loop
+    with pytest.raises(EncodeError, match="keyword argument 'x' contains itself"):
+        take.delay(x=loop)

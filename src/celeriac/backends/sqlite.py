@@ -65,7 +65,7 @@ class SQLiteBackend(ResultBackend):
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
         self.path = path_from_url(url)
-        self.db = Database(self.path, SCHEMA)
+        self.db = Database(self.path, SCHEMA, role="results")
         self.bell = Doorbell(self.path, "results")
         self._local = threading.local()
         self._listeners: list[Listener] = []

@@ -14,10 +14,17 @@ A fetch is one write transaction: promote the due delayed messages, then claim u
 ``limit`` ready ones by setting ``owner``. Ownership is the lease: a consumer renews
 ``consumers.expires`` on every lease renewal, and any consumer's renewal hands the messages
 of expired consumers back to their queues in one statement.
+
+Faults of the file are errors naming it (``_sqlite.Database.fault``): a read-only file
+fails ``ping`` (the worker's start) and a producer's publish with ``OperationalError``. A
+file deleted or replaced while a worker runs (SQLite would go on with the old one, unseen)
+is noticed at the next lease renewal; the worker's next fetch (or settling, when busy)
+stops it, non-zero.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -25,11 +32,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._sqlite import Database, Doorbell, Listener, path_from_url
-from ..errors import DecodeError
+from ..errors import BrokerLost, DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import PRIVATE_PREFIX, DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
+    from ..backends.base import Stored
     from ..settings import Settings
 
 logger = logging.getLogger("celeriac.transports.sqlite")
@@ -81,11 +89,14 @@ class SQLiteTransport(Transport):
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
         self.path = path_from_url(url)
-        self.db = Database(self.path, SCHEMA)
+        self.db = Database(self.path, SCHEMA, role="broker")
         self.bell = Doorbell(self.path, "messages")
         self.broadcast_bell = Doorbell(self.path, "broadcast")
         self._listener: Listener | None = None
         self._broadcasts = 0
+        self._lost: str | None = None
+        """Why this consumer must stop (its file was deleted or replaced), found by a
+        lease renewal: from then on it writes nothing (``_halted``)."""
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -119,6 +130,9 @@ class SQLiteTransport(Transport):
         assert self._listener is not None, "connect() first"
         deadline = time.monotonic() + timeout
         while True:
+            if self._halted():
+                await asyncio.sleep(min(timeout, _IDLE_RECHECK))
+                return []
             # Drain before claiming: a ring that lands after the claim wakes the next wait.
             self._listener.drain()
             deliveries, next_eta = self._claim(queues, limit)
@@ -160,6 +174,14 @@ class SQLiteTransport(Transport):
             for rid, queue, _prio, deliveries, envelope, body in rows
         ], None
 
+    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+                       results_namespace: str | None, queues: Sequence[str], limit: int
+                       ) -> list[Delivery]:
+        # A busy worker fetches nothing until a task ends: it stops when it settles one.
+        if self._halted():
+            return []
+        return await super().exchange(acks, results, results_namespace, queues, limit)
+
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         ids = [(d.tag, self.consumer_id) for d in deliveries]
         with self.db.transaction() as conn:
@@ -192,6 +214,16 @@ class SQLiteTransport(Transport):
         return self._renew()
 
     def _renew(self) -> int:
+        if self._lost is not None:
+            raise BrokerLost(self._lost)
+        try:
+            self.db.check_file()
+        except OperationalError as exc:
+            # Not an outage to wait out: whatever this worker wrote from now on (acks,
+            # results, its lease) would land in a file no other process can open. The
+            # worker's lease renewal stops the worker on this error.
+            self._lost = str(exc)
+            raise BrokerLost(self._lost) from None
         now = time.time()
         with self.db.transaction() as conn:
             conn.execute(
@@ -208,7 +240,15 @@ class SQLiteTransport(Transport):
             self.bell.ring()
         return restored
 
+    def _halted(self) -> bool:
+        """True once the file is lost: fetches and settles do nothing while the worker
+        stops (what it owns is in the lost file)."""
+        return self._lost is not None
+
     async def disconnect(self) -> None:
+        if self._lost is not None:
+            # Nothing to give back: what it owns is in the deleted (or replaced) file.
+            self.consumer_id = None
         if self.consumer_id is not None:
             with self.db.transaction() as conn:
                 given_back = conn.execute(
@@ -223,6 +263,13 @@ class SQLiteTransport(Transport):
             self._listener = None
 
     # -- administration -----------------------------------------------------------------
+    def ping(self) -> None:
+        """The file opens and takes a write: a worker on a read-only file would get as
+        far as its first write (the lease, at connect) and fail there."""
+        with self.db.transaction() as conn:
+            # A write that changes nothing: refused on a read-only file, commits nothing.
+            conn.execute("DELETE FROM consumers WHERE 0")
+
     def queue_length(self, queue: str) -> int:
         row = self.db.read(
             "SELECT count(*) FROM messages WHERE queue = ? AND owner IS NULL AND eta IS NULL",

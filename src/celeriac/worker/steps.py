@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import BrokerError
+from ..errors import BrokerError, BrokerLost
 from .blueprint import Step
 from .consumer import Consumer
 from .pool import POOLS
@@ -67,6 +67,10 @@ class ConsumerStep(Step):
     async def _renew_lease(self) -> None:
         try:
             await self.transport.renew_lease()
+        except BrokerLost as exc:
+            logger.critical("%s; this worker stops (restart it once the broker is back)", exc)
+            self.worker.fail(str(exc))
+            return
         except (BrokerError, ConnectionError, TimeoutError, OSError) as exc:
             # An outage: one line when it starts and one when it ends, not a traceback
             # every tick (the fetch loop reports its own retries meanwhile).
