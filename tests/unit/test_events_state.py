@@ -225,6 +225,34 @@ def test_workers_bounded_by_max_workers_in_memory() -> None:
     assert list(s.workers) == ["w2@h", "w3@h"]
 
 
+def test_forget_workers_drops_those_dead_for_longer_than_asked() -> None:
+    clock = FakeClock(1000.0)
+    s = ClusterState(clock=clock)
+    s.event(ev("worker-heartbeat", 1, 1000.0, hostname="gone@h", freq=2.0))
+    s.event(ev("worker-heartbeat", 1, 1000.0, hostname="slow@h", freq=30.0))
+    s.event(ev("worker-heartbeat", 1, 1050.0, hostname="recent@h", freq=2.0))
+    s.event(ev("worker-offline", 2, 1050.0, hostname="recent@h"))
+    clock.now = 1064.1  # gone@h expired at 1004, recent@h at 1054, slow@h at 1060
+    assert s.forget_workers(60.0) == ["gone@h"]
+    assert list(s.workers) == ["slow@h", "recent@h"]
+    clock.now = 1114.2
+    assert s.forget_workers(60.0) == ["recent@h"]
+    clock.now = 1120.2
+    assert s.forget_workers(60.0) == ["slow@h"] and not s.workers
+
+
+def test_a_heartbeat_interval_that_is_not_a_positive_number_is_not_taken() -> None:
+    clock = FakeClock(1000.0)
+    s = ClusterState(clock=clock)
+    for i, freq in enumerate(("2", None, -1, float("nan"), True, 0)):
+        s.event(ev("worker-heartbeat", i + 1, 1000.0, freq=freq))
+        w = s.workers["w1@h"]
+        assert w.freq == 2.0 and w.alive  # judging it never raises
+    s.event(ev("worker-heartbeat", 9, 1000.0, freq=0.5))
+    clock.now = 1001.1
+    assert s.workers["w1@h"].freq == 0.5 and not s.workers["w1@h"].alive
+
+
 def test_queries_newest_first_with_limit() -> None:
     s = ClusterState()
     for i in range(5):

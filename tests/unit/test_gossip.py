@@ -1,6 +1,8 @@
 """Gossip: the live set on a fake clock (join and leave, each with one log line; a
-worker silent for twice its heartbeat interval leaves), and elections between two
-threaded workers on one memory broker (one leader; the other takes over when it stops)."""
+worker silent for twice its heartbeat interval leaves; a burst of events costs work in
+proportion to its size, a bounded log and, a minute after, no memory), and elections
+between two threaded workers on one memory broker (one leader; the other takes over
+when it stops)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 
 from celeriac import Celeriac
 from celeriac.testing import ThreadedWorker, wait_until
-from celeriac.worker.gossip import LiveSet
+from celeriac.worker.gossip import FORGET_AFTER, LOG_LINES, LiveSet
 
 
 class Clock:
@@ -74,6 +76,89 @@ def test_the_heartbeat_interval_each_worker_sends_is_the_one_it_is_judged_by() -
     clock.now += 1.5
     live.check()
     assert live.live == {"slow@h"}
+
+
+class CountingClock(Clock):
+    """Counts its readings: judging whether a worker is alive reads the clock, so the
+    count is the number of judgements (plus one reading per event received)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def burst(live: LiveSet, n: int, hosts: int) -> None:
+    for i in range(n):
+        live.event(beat(f"fake{i % hosts}@burst", clock=i + 1))
+
+
+@pytest.mark.parametrize("distinct", [True, False], ids=["distinct-hosts", "one-host"])
+def test_a_burst_costs_work_in_proportion_to_its_size(distinct: bool) -> None:
+    # Issue 24: each event used to re-judge every known worker, so 10x the events of
+    # distinct hosts cost 100x the work (10,000 froze a worker's loop for 12 s).
+    reads = []
+    for n in (300, 3000):
+        clock = CountingClock()
+        live = LiveSet("me@h", clock)
+        burst(live, n, n if distinct else 1)
+        reads.append(clock.reads)
+        assert len(live.live) == (n if distinct else 1)
+    small, big = reads
+    assert big <= 2 * 3000 + 2, reads  # at most two readings per event
+    assert big <= 11 * small, reads  # 10x the events, ~10x the work
+
+
+def test_a_burst_logs_a_bounded_number_of_lines_and_counts_the_rest(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "celeriac.worker.gossip")
+    clock = Clock()
+    live = LiveSet("me@h", clock)
+    burst(live, 1000, 1000)
+    assert len(lines(caplog)) == LOG_LINES
+    live.check()
+    assert lines(caplog)[-1] == (f"{1000 - LOG_LINES} more worker(s) joined and 0 left, "
+                                 "not logged one by one (1000 other worker(s) live)")
+    clock.now += 4.1  # all silent: they leave, again LOG_LINES lines and a summary
+    live.check()
+    assert live.live == frozenset()
+    assert len(lines(caplog)) == 2 * LOG_LINES + 2
+    assert lines(caplog)[-1].startswith(f"0 more worker(s) joined and {1000 - LOG_LINES} left")
+
+
+def test_hosts_seen_once_are_forgotten_a_while_after_they_left() -> None:
+    clock = Clock()
+    live = LiveSet("me@h", clock)
+    burst(live, 1000, 1000)
+    live.event(beat("real@h", freq=60.0))  # judged by its own, longer, interval
+    clock.now += 4.1 + FORGET_AFTER - 1
+    live.check()
+    assert live.live == {"real@h"} and len(live.state.workers) == 1001  # left, known
+    clock.now += 2
+    live.check()
+    assert live.live == {"real@h"} and list(live.state.workers) == ["real@h"]
+
+
+def test_a_worker_pushed_out_of_memory_by_newer_ones_leaves_at_the_next_check(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "celeriac.worker.gossip")
+    live = LiveSet("me@h", Clock())
+    live.state.max_workers_in_memory = 3
+    burst(live, 4, 4)
+    live.check()
+    assert live.live == {"fake1@burst", "fake2@burst", "fake3@burst"}
+    assert "fake0@burst left (offline; 3 other worker(s) live)" in lines(caplog)
+
+
+def test_a_bad_heartbeat_interval_does_not_break_the_checks() -> None:
+    live = LiveSet("me@h", Clock())
+    live.event({**beat("w2@h"), "freq": "soon"})
+    live.event({**beat("w3@h"), "freq": None})
+    live.check()
+    assert live.live == {"w2@h", "w3@h"}
 
 
 def test_two_workers_see_each_other_and_exactly_one_wins_an_election() -> None:

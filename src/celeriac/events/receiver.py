@@ -4,6 +4,12 @@ Broadcasts are "from now on": ``open()`` returns once the subscription is live, 
 what was sent before is gone. When the subscription breaks (the broker restarted),
 ``get()`` subscribes again with backoff, inside the caller's timeout; what was broadcast
 meanwhile is lost, which monitors tolerate (the next heartbeat brings a worker back).
+
+A payload may hold thousands of events (a batch, or a burst anyone with access to the
+broker can send). ``get()`` returns them one by one, checking each as it goes, and lets
+the loop turn once ``SLICE`` seconds have passed since it last did: the receiver shares
+its loop (a worker's pump, control, timers), and a ``get()`` served from what was
+already read would otherwise never suspend.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ logger = logging.getLogger("celeriac.events.receiver")
 
 Handler = Callable[[Event], None]
 _POLL = 0.5  # how often acapture() looks at should_stop while nothing arrives
+SLICE = 0.005
+"""Seconds of receiving and handling events after which ``get()`` lets the loop turn."""
 
 
 class EventReceiver:
@@ -51,7 +59,10 @@ class EventReceiver:
         self.malformed = 0
         self._sub: Subscription | None = None
         self._opened = False
-        self._ready: deque[Event] = deque()
+        self._ready: deque[object] = deque()  # decoded, not yet checked
+        self._received = 0.0  # when the payload in _ready arrived
+        self._warned = False  # about a malformed event of that payload
+        self._turn_at = 0.0  # when get() next lets the loop turn
 
     # -- subscription -------------------------------------------------------------------
     async def open(self) -> None:
@@ -80,8 +91,12 @@ class EventReceiver:
     async def get(self, timeout: float) -> Event | None:
         """The next event (clock adjusted, ``local_received`` set), or None after
         ``timeout`` seconds without one."""
-        if self._ready:
-            return self._ready.popleft()
+        if time.monotonic() >= self._turn_at:
+            await asyncio.sleep(0)
+            self._turn_at = time.monotonic() + SLICE
+        event = self._next()
+        if event is not None:
+            return event
         if not self._opened:
             raise RuntimeError("EventReceiver.get() before open()")
         deadline = time.monotonic() + timeout
@@ -107,34 +122,45 @@ class EventReceiver:
                 continue
             if payload is None:
                 return None
-            self._ready.extend(self._decode(payload))
-            if self._ready:
-                return self._ready.popleft()
+            self._load(payload)
+            event = self._next()
+            if event is not None:
+                return event
             if remaining <= 0:
                 return None
 
-    def _decode(self, payload: bytes) -> list[Event]:
+    def _load(self, payload: bytes) -> None:
         try:
             data = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             self.malformed += 1
             logger.warning("events: ignoring a payload that is not JSON (%s): %.80r", exc,
                            payload)
-            return []
-        items = data if isinstance(data, list) else [data]
-        events: list[Event] = []
-        now = time.time()
-        for item in items:
+            return
+        if isinstance(data, list):
+            self._ready.extend(data)
+        else:
+            self._ready.append(data)
+        self._received = time.time()
+        self._warned = False
+
+    def _next(self) -> Event | None:
+        """The next well-formed event of the payload read, clock adjusted."""
+        ready = self._ready
+        while ready:
+            item = ready.popleft()
             if not isinstance(item, dict) or not isinstance(item.get("type"), str):
                 self.malformed += 1
-                logger.warning("events: ignoring a malformed event: %.80r", item)
+                if not self._warned:  # one line per payload, however bad it is
+                    self._warned = True
+                    logger.warning("events: ignoring a malformed event: %.80r", item)
                 continue
             clock = item.get("clock")
             if isinstance(clock, int):
                 self.clock.adjust(clock)
-            item["local_received"] = now
-            events.append(item)
-        return events
+            item["local_received"] = self._received
+            return item
+        return None
 
     def process(self, event: Event) -> None:
         """Hand ``event`` to its handler; a failing handler is logged, not raised, so one

@@ -22,9 +22,13 @@ receiver joins mid-stream). The rules:
   starts over, although its clock restarted from 0.
 
 Memory is bounded: ``tasks`` is an LRU of ``max_tasks_in_memory`` (most recently
-updated last), ``workers`` of ``max_workers_in_memory``. Totals, throughput and runtime
-statistics count every event, evicted tasks included. Not thread-safe: apply events
-and read in one thread (the receiver's loop).
+updated last), ``workers`` of ``max_workers_in_memory``. Nothing expires by itself
+(monitors show dead workers); ``forget_workers(after)`` drops the workers dead for
+longer than ``after`` seconds, which is what the workers' own live set does so that
+hostnames seen once (a burst of fake events) do not stay. Totals, throughput and
+runtime statistics count every event, evicted tasks included. Applying an event costs
+the same however many workers and tasks are known. Not thread-safe: apply events and
+read in one thread (the receiver's loop).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ TASK_EVENTS: dict[str, tuple[str, str]] = {
 PROGRESS = "task-progress"
 TASK_FIELDS = ("name", "args", "kwargs", "result", "exception", "traceback", "runtime",
                "retries", "eta", "expires", "queue", "root_id", "parent_id", "reason")
+DEFAULT_FREQ = 2.0
 WORKER_FIELDS = ("freq", "active", "processed", "loadavg", "sw_ident", "sw_ver", "sw_sys")
 
 
@@ -66,7 +71,7 @@ WORKER_FIELDS = ("freq", "active", "processed", "loadavg", "sw_ident", "sw_ver",
 class WorkerState:
     hostname: str
     pid: int | None = None
-    freq: float = 2.0
+    freq: float = DEFAULT_FREQ
     last_heartbeat: float | None = None
     clock: int = 0
     active: int = 0
@@ -86,8 +91,12 @@ class WorkerState:
 
     @property
     def alive(self) -> bool:
-        expires = self.heartbeat_expires
-        return not self.offline and expires is not None and self.now() <= expires
+        return self.alive_at(self.now())
+
+    def alive_at(self, now: float) -> bool:
+        """``alive`` at ``now`` (one reading of the clock for many workers)."""
+        return not self.offline and self.last_heartbeat is not None \
+            and now <= self.last_heartbeat + self.freq * 2
 
     @property
     def status(self) -> str:
@@ -228,6 +237,9 @@ class ClusterState:
         for name in WORKER_FIELDS:
             if name in event:
                 setattr(worker, name, event[name])
+        if not (_number(worker.freq) and worker.freq > 0):
+            # ``alive`` computes with it: a bad one would make each judgement raise.
+            worker.freq = DEFAULT_FREQ
         if subject == "offline":
             worker.offline = True
         else:
@@ -312,6 +324,17 @@ class ClusterState:
                            (self._by_state, task.state)):
             if key is not None:
                 _discard(index, key, task.uuid)
+
+    def forget_workers(self, after: float) -> list[str]:
+        """Drop the workers whose last sign of life expired (``freq * 2``) more than
+        ``after`` seconds ago, offline ones included; returns their hostnames. Costs one
+        look at each worker known."""
+        deadline = self.clock() - after
+        gone = [host for host, w in self.workers.items()
+                if w.last_heartbeat is None or w.last_heartbeat + w.freq * 2 < deadline]
+        for host in gone:
+            del self.workers[host]
+        return gone
 
     # -- queries ----------------------------------------------------------------------------
     def alive_workers(self) -> list[WorkerState]:

@@ -5,10 +5,15 @@ the transport's broadcast) and feeds other workers' ``worker-online``,
 ``worker-heartbeat`` and ``worker-offline`` events to a ``ClusterState``, which judges
 them as monitors do: a worker is alive while its last event is at most twice its
 heartbeat interval (``freq``) old, until it says ``worker-offline``. ``LiveSet`` logs
-one line when a worker joins and one when it leaves (offline, or silent), checked on
-each event and once a second. ``worker.gossip.live`` is the set of the others' names
-(Mingle may use its size). The cost: every worker reads the events channel, so with
-``-E`` each also decodes the cluster's task events; ``--without-gossip`` skips the step.
+one line when a worker joins and one when it leaves (offline, or silent), checked for
+the sender on each event and for every live worker once a second. ``worker.gossip.live``
+is the set of the others' names (Mingle may use its size). The cost: every worker reads
+the events channel, so with ``-E`` each also decodes the cluster's task events;
+``--without-gossip`` skips the step. Anyone who can publish events can send a burst (a
+buggy monitor, thousands of fake heartbeats): each event costs the same whatever is
+known, the receiver lets the loop turn every few milliseconds while it works through
+one (``events.receiver.SLICE``), and hostnames seen once are forgotten a minute after
+their heartbeats expire.
 
 **Elections**, for cluster singletons (one beat, one cleanup job): ``election(name)``
 makes this worker a candidate from then on and answers, without blocking, whether it is
@@ -33,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -51,39 +57,87 @@ logger = logging.getLogger("celeriac.worker.gossip")
 
 CHECK_INTERVAL = 1.0
 """Seconds between looks for workers whose heartbeats stopped."""
+FORGET_AFTER = 60.0
+"""Seconds after its heartbeats expired that a dead worker is forgotten."""
+LOG_LINES = 20
+"""Join and leave lines logged one by one per check; the rest are counted in one line."""
 MARGIN = 0.1
 """Part of the lease a leader gives up believing early (request time, loop delays)."""
 
 
 class LiveSet:
-    """Other workers alive by their events; ``clock`` is injectable for tests."""
+    """Other workers alive by their events; ``clock`` is injectable for tests.
+
+    What it costs stays linear in the events, whoever sends them: an event is judged for
+    its own sender only (one look), since nothing else's membership can change with it;
+    ``check()``, once a second, looks at the workers live (silence, LRU eviction) and
+    forgets those dead for ``FORGET_AFTER`` s. Join and leave lines are logged one by
+    one up to ``LOG_LINES`` per check, the rest counted in one line at the check.
+    """
 
     def __init__(self, me: str, clock: Callable[[], float] = time.time) -> None:
         self.me = me
         self.clock = clock
         self.state = ClusterState(max_tasks_in_memory=1, clock=clock)
-        self.live: frozenset[str] = frozenset()
+        self._live: set[str] = set()
+        # ``live`` may be read from another thread (a hook, the solo pool): it gets an
+        # immutable copy, made on the first read after a change.
+        self._lock = threading.Lock()
+        self._frozen: frozenset[str] | None = frozenset()
+        self._lines = LOG_LINES
+        self._unlogged = [0, 0]  # joins, leaves beyond the lines of this check
+
+    @property
+    def live(self) -> frozenset[str]:
+        with self._lock:
+            if self._frozen is None:
+                self._frozen = frozenset(self._live)
+            return self._frozen
 
     def event(self, event: Event) -> None:
         kind, host = event.get("type"), event.get("hostname")
-        if not isinstance(kind, str) or not kind.startswith("worker-") or host == self.me:
+        if not isinstance(kind, str) or not kind.startswith("worker-") \
+                or not isinstance(host, str) or host == self.me:
             return
         # Received now by our clock: a sender's clock may be off by more than freq.
-        self.state.event({**event, "local_received": self.clock()})
-        self.check()
+        now = self.clock()
+        self.state.event({**event, "local_received": now})
+        worker = self.state.workers.get(host)
+        alive = worker is not None and worker.alive_at(now)
+        if alive != (host in self._live):
+            self._change(host, alive)
 
     def check(self) -> None:
-        alive = frozenset(w.hostname for w in self.state.workers.values() if w.alive)
-        if alive == self.live:
+        """Workers gone silent or evicted leave; long-dead ones are forgotten."""
+        workers, now = self.state.workers, self.clock()
+        for host in [h for h in self._live
+                     if (w := workers.get(h)) is None or not w.alive_at(now)]:
+            self._change(host, False)
+        self.state.forget_workers(FORGET_AFTER)
+        joined, left = self._unlogged
+        if joined or left:
+            logger.info("%d more worker(s) joined and %d left, not logged one by one (%d "
+                        "other worker(s) live)", joined, left, len(self._live))
+        self._lines, self._unlogged = LOG_LINES, [0, 0]
+
+    def _change(self, host: str, alive: bool) -> None:
+        with self._lock:
+            if alive:
+                self._live.add(host)
+            else:
+                self._live.discard(host)
+            self._frozen = None
+        if self._lines <= 0:  # a burst (fake events, a fleet starting): bound the log
+            self._unlogged[0 if alive else 1] += 1
             return
-        for host in sorted(alive - self.live):
-            logger.info("%s joined (%d other worker(s) live)", host, len(alive))
-        for host in sorted(self.live - alive):
-            worker = self.state.workers.get(host)
-            why = "offline" if worker is None or worker.offline else \
-                f"no heartbeat for {self.clock() - (worker.last_heartbeat or 0):.1f}s"
-            logger.info("%s left (%s; %d other worker(s) live)", host, why, len(alive))
-        self.live = alive
+        self._lines -= 1
+        if alive:
+            logger.info("%s joined (%d other worker(s) live)", host, len(self._live))
+            return
+        worker = self.state.workers.get(host)
+        why = "offline" if worker is None or worker.offline else \
+            f"no heartbeat for {self.clock() - (worker.last_heartbeat or 0):.1f}s"
+        logger.info("%s left (%s; %d other worker(s) live)", host, why, len(self._live))
 
 
 class Campaign:
