@@ -60,7 +60,8 @@ def _leftovers(name: str, app: Celeriac) -> Any:
         ns = _namespace(url)
         try:
             keys = {k for k in client.scan_iter(match=f"{ns}:*") if b":revoked" not in k}
-            channels = set(client.pubsub_channels(f"{ns}:bc:{REPLY_PREFIX}*"))
+            replies = app.transport.conn.endpoint.channel(REPLY_PREFIX)  # type: ignore[attr-defined]
+            channels = set(client.pubsub_channels(replies + "*"))
             return keys, channels
         finally:
             client.close()

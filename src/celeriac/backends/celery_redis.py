@@ -26,7 +26,10 @@ body loses nothing; the body's claim then stops a second run on celeriac workers
 deletes ``.j``/``.t``/``.s`` instead.
 
 Waiting: a thread that waits subscribes to ``celery-task-meta-*`` (PSUBSCRIBE) and reads
-a result again when its notification arrives; nothing polls.
+a result again when its notification arrives; nothing polls. The channels are Celery's,
+without the database (pub/sub is server-wide), so a write on another database of the
+server wakes us too; harmless, since a notification only names a task id and the result
+is read again from our own database.
 
 ``result_backend_transport_options={"global_keyprefix": "x"}`` puts ``x_`` (Celery adds
 the ``_`` unless the prefix ends in one of ``:_-.``) in front of every one of these keys,

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio.sentinel as asentinel
+import redis.connection
 import redis.sentinel
 
 from .._net import mask_password
@@ -68,6 +69,15 @@ class Endpoint:
     sentinels: Sentinels | None = None
     cluster: tuple[tuple[str, int], ...] = ()
     """A Redis Cluster's startup nodes; empty: not a cluster."""
+    db: int = 0
+    """The database number, as redis-py reads it from ``url`` (always 0 on a Cluster)."""
+
+    def channel(self, name: str) -> str:
+        """The pub/sub channel of broadcast ``name`` (events, control commands, a call's
+        replies): ``<namespace>:bc:<db>:<name>``. Keys live in one database, but pub/sub
+        is server-wide: without the database in the name, apps on different databases of
+        one server would hear (and command) each other's workers."""
+        return f"{self.namespace}:bc:{self.db}:{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +161,8 @@ def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
         netloc = _userinfo(with_auth) + "_"
         url = urlunsplit(("redis", netloc, path or "/0", rest, ""))
         return [Endpoint(url, safe, namespace, secrets,
-                         sentinels=Sentinels(hosts, str(master), password))], durability
+                         sentinels=Sentinels(hosts, str(master), password),
+                         db=_db(url, where))], durability
 
     if first.scheme in CLUSTER_SCHEMES:
         if path not in ("", "/", "/0"):
@@ -168,9 +179,28 @@ def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
         kept = urlencode([(k, v) for k, v in own.items() if k not in _OURS])
         own_secrets = tuple({t for s in (p.password, own.get("password")) if s
                              for t in (s, unquote(s))})
-        endpoints.append(Endpoint(urlunsplit(p._replace(query=kept)), mask_password(piece),
-                                  ns, own_secrets))
+        plain, safe_piece = _unsplit(p._replace(query=kept)), mask_password(piece)
+        endpoints.append(Endpoint(plain, safe_piece, ns, own_secrets,
+                                  db=_db(plain, repr(safe_piece))))
     return endpoints, durability
+
+
+def _unsplit(parts: Any) -> str:
+    """``urlunsplit``, but ``unix:///path`` stays so (urlunsplit drops the empty host's
+    ``//``, and redis-py refuses ``unix:/path``)."""
+    url: str = urlunsplit(parts)
+    if not parts.netloc and parts.path.startswith("/"):
+        url = url.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
+    return url
+
+
+def _db(url: str, where: str) -> int:
+    """The database redis-py will select for ``url`` (``/<db>``, or ``?db=``)."""
+    try:
+        db = redis.connection.parse_url(url).get("db")  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise ConfigurationError(f"{exc} ({where})") from None
+    return int(db or 0)
 
 
 def parse_url(url: str) -> Endpoint:

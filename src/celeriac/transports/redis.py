@@ -12,7 +12,9 @@ One round trip each: ``publish_many``, a ``fetch`` of up to ``limit`` messages a
 several queues, an ``ack`` of a batch, a lease renewal. An idle fetch does not poll: the
 fetch script registers the consumer as idle on its queues, and the consumer BLPOPs its
 own wake list until the next delayed message is due; whatever makes a message ready in
-one of those queues pushes it a token. Broadcasts are Redis pub/sub.
+one of those queues pushes it a token. Broadcasts are Redis pub/sub, on channels named
+by ``Endpoint.channel``: ``<namespace>:bc:<db>:<channel>``, so that apps on other
+databases of the same server (pub/sub is server-wide) neither hear nor command ours.
 
 Behind Redis Sentinel (``redis+sentinel://``, ``redisclient/topology.py``) nothing here
 changes: the connector finds the master and follows a failover. On a Redis Cluster
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..backends.redis import FEED_LENGTH, RedisBackend, encode_value, expiry_ms
+from ..control.mailbox import CONTROL_CHANNEL
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from ..redisclient import Connector
@@ -370,19 +373,22 @@ class RedisTransport(Transport):
                 return total
 
     # -- broadcast ----------------------------------------------------------------------
+    # Channel names come from ``Endpoint.channel`` alone (namespace and database in
+    # them), read from the endpoint at the moment of the call, as the client is: after a
+    # failover to a URL of another database, the names follow it.
     def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
         # A plain command over the lean connection: a script would copy the payload
         # twice more on the server.
-        self.conn.command(lambda ns: ("PUBLISH", f"{ns}:bc:{channel}", payload))
+        self.conn.command(lambda ns: ("PUBLISH", self.conn.endpoint.channel(channel), payload))
 
     def has_subscribers(self, channel: str) -> bool:
         if self._pubsub_denied:
             return True
         try:
-            numsub = self.conn.command(lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{channel}"))
             # NUMSUB counts SUBSCRIBE (our receivers), not PSUBSCRIBE: any pattern
             # subscriber at all may be listening.
-            return bool(int(numsub[1]) or self.conn.command(lambda ns: ("PUBSUB", "NUMPAT")))
+            return bool(self._numsub(channel)
+                        or self.conn.command(lambda ns: ("PUBSUB", "NUMPAT")))
         except OperationalError as exc:
             text = str(exc)
             if "NOPERM" not in text and "unknown" not in text.lower():
@@ -392,9 +398,19 @@ class RedisTransport(Transport):
             self._pubsub_denied = True
             return True
 
+    def control_listeners(self) -> int | None:
+        """How many workers receive control commands on this namespace and database now
+        (mingle waits for that many replies)."""
+        return self._numsub(CONTROL_CHANNEL)
+
+    def _numsub(self, channel: str) -> int:
+        reply = self.conn.command(
+            lambda ns: ("PUBSUB", "NUMSUB", self.conn.endpoint.channel(channel)))
+        return int(reply[1])
+
     async def subscribe(self, channel: str) -> Subscription:
         async def open_(client: aredis.Redis, ns: str) -> Subscription:
-            pubsub = await confirmed(client, f"{ns}:bc:{channel}",
+            pubsub = await confirmed(client, self.conn.endpoint.channel(channel),
                                      self.settings.broker_connection_timeout)
             return RedisSubscription(pubsub, self.conn.endpoint.safe)
 

@@ -23,7 +23,8 @@ move stays inside one script. What it costs:
   connection each) and wakes at the first token;
 - delivery tags and dead-letter ids are ``<id>@<queue>`` (ids count per queue);
 - results are stored through the result backend (other slots), not in the exchange.
-Broadcasts use pub/sub on one node: a Cluster relays PUBLISH to every node.
+Broadcasts use pub/sub on one node: a Cluster relays PUBLISH to every node. Their channels
+are named as on one server (``Endpoint.channel``, database 0).
 """
 
 from __future__ import annotations
@@ -311,16 +312,22 @@ class RedisClusterTransport(RedisTransport):
         return total
 
     # -- broadcast ----------------------------------------------------------------------
+    # ``Endpoint.channel`` names them as on one server (database 0: a Cluster has no
+    # other), so namespaces sharing a Cluster stay apart.
     def broadcast(self, channel: str, payload: bytes, routing_key: str = "") -> None:
-        self.cluster.call(lambda client, ns: client.publish(f"{ns}:bc:{channel}", payload))
+        name = self.cluster.endpoint.channel(channel)
+        self.cluster.call(lambda client, ns: client.publish(name, payload))
 
     def has_subscribers(self, channel: str) -> bool:
         return True  # PUBSUB NUMSUB counts one node's subscribers only: cannot tell
 
+    def control_listeners(self) -> int | None:
+        return None  # as has_subscribers: mingle waits its timeout
+
     async def subscribe(self, channel: str) -> Subscription:
         client = await self.cluster.node_client()
         try:
-            pubsub = await confirmed(client, f"{self.cluster.endpoint.namespace}:bc:{channel}",
+            pubsub = await confirmed(client, self.cluster.endpoint.channel(channel),
                                      self.settings.broker_connection_timeout)
         except BaseException:
             await client.aclose()

@@ -85,17 +85,15 @@ class Mingle(Step):
 def listeners(transport: Transport, queues: list[str]) -> int | None:
     """How many peers may answer now, where the broker can tell cheaply (0: start at
     once); None where it cannot (wait the timeout). Redis counts the subscribers of the
-    control channel exactly; SQLite the consumers holding a lease; RabbitMQ the consumers
-    of this worker's queues (peers on other queues only shorten the wait when they
-    answer); memory its subscribers."""
+    control channel of its database and namespace exactly (a Cluster cannot); SQLite the
+    consumers holding a lease; RabbitMQ the consumers of this worker's queues (peers on
+    other queues only shorten the wait when they answer); memory its subscribers."""
     try:
-        counter = getattr(transport, "control_listeners", None)  # the kombu layout's
+        # Redis's, both layouts: the transport alone knows its channel's name (database
+        # and namespace in it, or kombu's), so it counts.
+        counter = getattr(transport, "control_listeners", None)
         if counter is not None:
             return counter()  # type: ignore[no-any-return]
-        if transport.scheme in ("redis", "rediss"):
-            reply = transport.conn.command(  # type: ignore[attr-defined]
-                lambda ns: ("PUBSUB", "NUMSUB", f"{ns}:bc:{CONTROL_CHANNEL}"))
-            return int(reply[1])
         if transport.scheme == "sqlite":
             rows = transport.db.read(  # type: ignore[attr-defined]
                 "SELECT count(*) FROM consumers WHERE expires > ?", (time.time(),))

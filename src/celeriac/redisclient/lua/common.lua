@@ -25,8 +25,9 @@
 --                                 that queue's idle set, then empties the set.
 --   <ns>:dead             zset    dead-lettered ids, score = order of death (from <ns>:seq).
 --
--- Broadcasts use pub/sub channels <ns>:bc:<channel> and no keys. Times come from Redis
--- (TIME), so producers and workers whose clocks differ agree on due times and leases.
+-- Broadcasts use pub/sub channels <ns>:bc:<db>:<channel> (Endpoint.channel) and no
+-- keys. Times come from Redis (TIME), so producers and workers whose clocks differ agree
+-- on due times and leases.
 -- Keys are built here from the namespace. On a Redis Cluster the transport
 -- (transports/redis_cluster.py) passes a hash tag per queue, "{<ns>:<queue>}", as the
 -- namespace and one queue per call, so every key a script touches is in that queue's slot.
