@@ -155,11 +155,15 @@ class Settings:
     worker_proc_alive_timeout: float = 4.0
     """A pool child that does not report up within this many seconds is replaced."""
     worker_max_restarts: int = 10
-    """Unplanned child deaths allowed per ``worker_restart_window``; one more stops the
-    worker (exit 1)."""
+    """Prefork children allowed to die with no task running per ``worker_restart_window``
+    (a broken import or ``worker_process_init``, no UP, a death while idle); one more
+    stops the worker (exit 1) instead of fork-looping. A child that dies while running a
+    task is not counted: that death counts against the task's message instead
+    (redelivered, dead-lettered after ``task_max_deliveries``). Planned exits (recycling,
+    hard time limits, revokes, shutdown) never count."""
     worker_restart_window: float = 10.0
-    """More than ``worker_max_restarts`` unplanned child deaths in this many seconds stop
-    the worker instead of fork-looping."""
+    """The window, in seconds, in which ``worker_max_restarts`` counts children that died
+    with no task running."""
     worker_child_concurrency: int = 100
     """``async def`` tasks one prefork child runs at once on its event loop (``-c 2
     --child-concurrency 100``: up to 200 in two processes); the threads pool's loop
@@ -168,8 +172,9 @@ class Settings:
     """An event loop running async tasks that stops turning for longer than this (blocking
     code in a coroutine) is logged with the task that holds it, once per episode."""
     worker_async_kill_grace: float = 1.0
-    """Seconds an async task past its hard time limit (cancelled then) has to end before
-    its prefork child is killed; the child's other tasks then run again elsewhere."""
+    """Seconds an async task past its hard time limit, or revoked with ``terminate=True``
+    (cancelled then, in both cases), has to end before its prefork child is killed; the
+    child's other tasks then run again elsewhere, uncounted."""
     worker_autoscale: tuple[int, ...] | None = None
     """``(max, min)`` pool size for the autoscaler (prefork only)."""
     worker_autoscale_cooldown: float = 10.0

@@ -156,9 +156,8 @@ def test_a_result_nested_too_deeply_is_a_clear_failure(tmp_path: Path) -> None:
     env = {**_env(tmp_path / "celeriac.db"), "CELERIAC_RESULT_BACKEND": "sqlite:///"
            f"{tmp_path}/celeriac.db"}
     with _bound(env):
-        # -l warning: at info the worker logs the result with %r, which a structure this
-        # deep takes past the recursion limit (worker/execute.py ``_log``).
-        w = WorkerProcess(APP, "-c", "1", env=env, cwd=str(tmp_path), loglevel="warning")
+        # -l info: the worker logs each result, which must not take it down either.
+        w = WorkerProcess(APP, "-c", "1", env=env, cwd=str(tmp_path), loglevel="info")
         w.start(wait_ready=False)
         try:
             deep = t.nested.delay(10_000)

@@ -44,7 +44,8 @@ def _prefork(state: ControlState, command: str) -> PreforkPool:
 
 
 @control_command(args=[("task_id", (str, list)), ("terminate", bool), ("signal", (str, int))],
-                 help="Do not run these tasks; with terminate, kill the child running one.")
+                 help="Do not run these tasks; with terminate, stop a running one (its "
+                      "prefork child is killed; an async task is cancelled on its loop).")
 def revoke(state: ControlState, task_id: str | list[str], terminate: bool = False,
            signal: str | int | None = None) -> Reply:
     ids = [task_id] if isinstance(task_id, str) else task_id

@@ -61,6 +61,10 @@ def active_jobs(state: ControlState) -> list[tuple[Job, float | None, int | None
         if proc.job is not None:
             started = wall_now - (loop_now - proc.started) if proc.started else None
             out.append((proc.job, started, proc.pid))
+        for seq, job in proc.tasks.items():  # async jobs on its loop
+            began = proc.began.get(seq)
+            out.append((job, None if began is None else wall_now - (loop_now - began),
+                        proc.pid))
         if proc.queued is not None:  # behind the running one, in the child's pipe
             out.append((proc.queued, None, proc.pid))
     return out

@@ -84,7 +84,8 @@ class ControlState:
     def revoke(self, ids: list[str], terminate: bool, signal: str | None) -> dict[str, str]:
         """Remember ``ids``; settle the ones waiting in this worker now; with
         ``terminate`` kill the child running one (at once, or when it starts if it waits
-        behind another task in a child)."""
+        behind another task in a child), or cancel an ``async def`` one on its loop (the
+        pool's ``terminate_job``)."""
         signum = signal_number(signal or "SIGTERM")
         for task_id in ids:
             self.revoked.add(task_id)

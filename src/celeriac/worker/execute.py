@@ -376,7 +376,11 @@ def _raised(exc: Exception) -> tuple[str | None, Any, Action, str | None]:
 
 def _log(name: str, task_id: str, state: str | None, retval: Any, runtime: float) -> None:
     if state == states.SUCCESS:
-        logger.info("Task %s[%s] succeeded in %.4fs: %.200r", name, task_id, runtime, retval)
+        # reprlib's cut, not %r: a result nested thousands deep would take repr past the
+        # recursion limit and the child down with it.
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("Task %s[%s] succeeded in %.4fs: %s", name, task_id, runtime,
+                        short_repr(retval))
     elif state == states.RETRY:
         logger.info("Task %s[%s] retry: %s", name, task_id, retval)
     elif state == states.FAILURE:

@@ -7,18 +7,29 @@ the threads pool's loop thread (``threads.py``) share.
 ``TimeLimitExceeded`` and decides the outcome (``_aio.Guard``). A task that blocks the
 loop cannot be interrupted so: the prefork parent kills its child after a grace period.
 The set also watches the loop's lag (``_aio.LagWatch``) and names the task that blocks it.
+
+``TaskSet.cancel(seq)`` is a revoke with terminate: that job's asyncio task is cancelled
+(``CancelledError`` at the await it waits in, so its ``finally`` blocks and ``async
+with`` exits run), and whatever it does after, it ends ``REVOKED`` (reported by
+``on_result`` as ``("ack", "REVOKED", reason, ...)``; the pool stores ``TaskRevoked``,
+``revoked_outcome``). The other jobs on the loop go on. A job cancelled before it starts
+(the seq is in ``cancelled`` when it arrives) is cancelled before its first step. One that
+ignores the cancellation (it swallows ``CancelledError``, or blocks the loop) is the
+pool's to deal with: the prefork parent kills its child after ``worker_async_kill_grace``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ... import states
 from ..._aio import Guard, LagWatch
-from ...errors import SoftTimeLimitExceeded, TimeLimitExceeded
-from ..execute import Job, Result, aexecute_message
+from ...errors import SoftTimeLimitExceeded, TaskRevoked, TimeLimitExceeded
+from ..execute import Job, Outcome, Result, aexecute_message, exception_repr
 
 if TYPE_CHECKING:
     from ..._progress import ProgressReporter
@@ -38,13 +49,20 @@ class TaskSet:
 
     def __init__(self, app: Celeriac, loop: asyncio.AbstractEventLoop, on_result: OnResult,
                  *, task_events: bool = False, reporter: ProgressReporter | None = None,
-                 where: str = "event loop") -> None:
+                 where: str = "event loop", cancelled: set[int] | None = None) -> None:
         self.app = app
         self.loop = loop
         self.on_result = on_result
         self.task_events = task_events
         self.reporter = reporter
+        self.where = where
         self.running: dict[asyncio.Task[Result], Job] = {}
+        self.cancelled: set[int] = cancelled if cancelled is not None else set()
+        """Seqs of jobs to cancel (revoke with terminate). Another thread may add to it
+        (a prefork child's control thread, ``Inbox.cancelled``): a job not started yet
+        is cancelled as it starts."""
+        self._revoked: set[int] = set()
+        """Seqs of running jobs this set cancelled: they end REVOKED."""
         self.lag = LagWatch(loop, app.settings.worker_loop_lag_threshold, self.describe,
                             logger, where)
 
@@ -67,20 +85,54 @@ class TaskSet:
                     hard, self._hard, guard, job, hard))
         if self.reporter is not None:
             self.reporter.begin(job.headers["id"])
-        task.add_done_callback(lambda t: self._done(t, handles))
+        began = time.monotonic()
+        task.add_done_callback(lambda t: self._done(t, handles, began))
+        if job.seq in self.cancelled:
+            self._cancel(task, job)  # revoked before it arrived: it never takes a step
+
+    def cancel(self, seq: int) -> None:
+        """Cancel job ``seq`` (on the loop): now if it runs, else as it starts."""
+        self.cancelled.add(seq)
+        for task, job in self.running.items():
+            if job.seq == seq:
+                self._cancel(task, job)
+                return
+
+    def _cancel(self, task: asyncio.Task[Result], job: Job) -> None:
+        if job.seq in self._revoked or task.done():
+            return
+        self._revoked.add(job.seq)
+        logger.warning("Task %s[%s] revoked: cancelling it on %s", job.headers["task"],
+                       job.headers["id"], self.where)
+        task.cancel()
 
     def _hard(self, guard: Guard, job: Job, limit: float) -> None:
         logger.error("Task %s[%s] hard time limit (%ss) exceeded; cancelling it",
                      job.headers["task"], job.headers["id"], limit)
         guard.interrupt(TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
 
-    def _done(self, task: asyncio.Task[Result], handles: list[asyncio.TimerHandle]) -> None:
+    def _done(self, task: asyncio.Task[Result], handles: list[asyncio.TimerHandle],
+              began: float) -> None:
         job = self.running.pop(task)
         for handle in handles:
             handle.cancel()
         if self.reporter is not None:
             # Before DONE: the last progress precedes the task's final event.
             self.reporter.end(job.headers["id"])
+        self.cancelled.discard(job.seq)
+        if job.seq in self._revoked:
+            # Whatever it did once cancelled (returned, raised, swallowed the
+            # cancellation and finished), it was revoked: the outcome says so, as a
+            # hard time limit's does.
+            self._revoked.discard(job.seq)
+            if not task.cancelled():
+                logger.warning("Task %s[%s] went on after its cancellation and ended; "
+                               "it is revoked all the same", job.headers["task"],
+                               job.headers["id"])
+            result: Result = ("ack", states.REVOKED, f"terminated: cancelled on {self.where}",
+                              time.monotonic() - began, None, None)
+            self.on_result(job, result)
+            return
         try:
             result = task.result()
         except BaseException as exc:  # cancelled by a stop, or a bug here
@@ -104,3 +156,17 @@ class TaskSet:
     def cancel_all(self) -> None:
         for task in list(self.running):
             task.cancel()
+
+
+def revoked_outcome(app: Celeriac, job: Job, reason: str, task_events: bool) -> Outcome:
+    """The outcome of a job revoked with terminate (its child killed, or its coroutine
+    cancelled): acknowledged, never redelivered, ``TaskRevoked`` stored."""
+    logger.warning("Task %s[%s] revoked (%s)", job.headers["task"], job.headers["id"],
+                   reason)
+    stored = None
+    if not job.headers.get("ignore_result"):
+        stored = app.backend.encode(job.headers["id"], states.REVOKED, {
+            "exc_type": "TaskRevoked", "exc_module": "celeriac.errors",
+            "exc_message": [reason]})
+    shown = (exception_repr(TaskRevoked(reason)), None) if task_events else None
+    return Outcome("ack", states.REVOKED, reason, stored=stored, shown=shown)

@@ -13,8 +13,15 @@ job first, it answers STARTED. Either answer follows, in the result pipe, the DO
 job before (the main thread writes that DONE before it takes the next job), so the
 parent always knows which.
 
+The control thread also takes CANCEL (a revoke with terminate of an async job): it
+records the job's seq in ``Inbox.cancelled`` and, while the child's loop runs
+(``on_cancel``), has the loop cancel that job's asyncio task; a job the loop has not
+started yet is cancelled as it starts (``aio.TaskSet``). It takes no lock for that: the
+main thread may sit in its read of the job pipe, holding the lock, and a set's add is
+atomic.
+
 The main thread's cost per job is one uncontended lock; the control thread sleeps in a
-read of its pipe and needs the GIL only for a recall.
+read of its pipe and needs the GIL only for a recall or a cancel.
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ class Inbox:
         self.on_pending: Callable[[], None] | None = None
         """Set while the child's loop reads the pipe (async mode): called after a recall
         took frames from the pipe, which the loop would otherwise not hear of."""
+        self.cancelled: set[int] = set()
+        """Seqs of async jobs the parent cancelled (CANCEL), shared with the loop's
+        ``TaskSet``: a job here is cancelled as it starts, if it has not yet."""
+        self.on_cancel: Callable[[int], None] | None = None
+        """Set while the child's loop runs (async mode): cancels a running job, from the
+        control thread."""
 
     def start(self) -> None:
         threading.Thread(target=self._control, name="celeriac-child-control",
@@ -80,6 +93,12 @@ class Inbox:
                 wake = self.on_pending
                 if wake is not None and self.pending:
                     wake()
+            elif kind == pipes.CANCEL:
+                seq = int(payload)
+                self.cancelled.add(seq)
+                cancel = self.on_cancel
+                if cancel is not None:
+                    cancel(seq)
 
     def _recall(self, seq: int) -> None:
         with self.lock:

@@ -18,6 +18,16 @@ it there, under the inbox's lock, if the parent recalls it, and the recall rules
 jobs hold unchanged: the job is either started here or handed back there, and either
 answer follows the DONE that made room for it. STOP waits the same way: a stopping or
 recycled child finishes its async jobs first.
+
+A revoke with terminate of an async job cancels that job alone, not the child: the parent
+sends CANCEL on the control pipe, the control thread (``channels.py``) hands the seq to
+the loop, and the job's asyncio task is cancelled at its await (``aio.TaskSet.cancel``);
+its DONE says ``REVOKED`` and the other jobs here go on. A job that ignores the
+cancellation (it swallows ``CancelledError`` or blocks the loop) is still running
+``worker_async_kill_grace`` later: then the parent kills this child as it does past a
+hard time limit (the revoked job ends ``REVOKED``, the others run again elsewhere,
+uncounted). Killing at once would take the innocent jobs down with it; waiting for ever
+would leave a revoked task running.
 """
 
 from __future__ import annotations
@@ -54,7 +64,8 @@ class AsyncMode:
         self.limit = app.settings.worker_child_concurrency
         self.loop = new_loop()
         self.tasks = TaskSet(app, self.loop, self._ended, task_events=task_events,
-                             reporter=reporter, where=f"child {os.getpid()}'s event loop")
+                             reporter=reporter, where=f"child {os.getpid()}'s event loop",
+                             cancelled=inbox.cancelled)
         self.retiring = False
         self.exit: int | None = None
         self._finished: asyncio.Future[None] | None = None
@@ -77,6 +88,7 @@ class AsyncMode:
         # The control thread calls this after taking frames from the pipe for a RECALL:
         # the pipe may then be empty with async jobs waiting in ``pending``.
         self.inbox.on_pending = self._wake
+        self.inbox.on_cancel = self._cancel
         try:
             self.tasks.start(job, soft, hard)
             self._pump()
@@ -84,12 +96,18 @@ class AsyncMode:
         finally:
             self._flush()
             self.inbox.on_pending = None
+            self.inbox.on_cancel = None
             self._read(False)
             self.tasks.lag.pause()
         return self.exit
 
     def _wake(self) -> None:
         self.loop.call_soon_threadsafe(self._pump)
+
+    def _cancel(self, seq: int) -> None:
+        # From the control thread. A job that has not started yet is in
+        # ``inbox.cancelled`` already: it is cancelled as it starts.
+        self.loop.call_soon_threadsafe(self.tasks.cancel, seq)
 
     def _ended(self, job: Job, result: Result) -> None:
         if self.after_task():

@@ -1,9 +1,9 @@
 """The parent's record of one pool child (``ChildProc``) and how a child is forked.
 
 Each child has three pipes: jobs (parent -> child; JOB and STOP frames), control (parent
--> child; RECALL frames, read by the child's control thread, see ``channels.py``) and
-results (child -> parent; UP, DONE, RECALLED, PROGRESS and relay frames). The parent's ends are
-non-blocking and live on the event loop.
+-> child; RECALL and CANCEL frames, read by the child's control thread, see
+``channels.py``) and results (child -> parent; UP, DONE, RECALLED, PROGRESS and relay
+frames). The parent's ends are non-blocking and live on the event loop.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ class ChildProc:
     """The async jobs it runs on its loop, by seq (async mode: ``job`` is None then)."""
     limits: dict[int, Entry] = field(default_factory=dict)
     """The parent's kill timers of those async jobs (hard limit + grace), by seq."""
+    began: dict[int, float] = field(default_factory=dict)
+    """When each of those async jobs started (loop time), by seq."""
+    revoking: dict[int, Entry] = field(default_factory=dict)
+    """Async jobs revoked with terminate whose CANCEL went out, by seq: the kill timer
+    that fires if one is still running ``worker_async_kill_grace`` later."""
     queued: Job | None = None
     """The job waiting in its pipe behind ``job`` or ``tasks`` (the lookahead), if any."""
     queued_async: bool = False

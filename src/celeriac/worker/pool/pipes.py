@@ -37,6 +37,8 @@ STOP = 2
 CHORD_ANSWER = 4  # the answer to RELAY_CHORD: encode_chord_answer / decode_chord_answer
 # Parent -> child, on the control pipe (channels.py)
 RECALL = 3  # the job's seq, as text: hand this job back if it has not started
+CANCEL = 5  # an async job's seq, as text: cancel it on the child's loop (revoke with
+#             terminate); answered by that job's DONE, with state REVOKED if it was cut
 # Child -> parent
 UP = 10
 DONE = 11  # encode_done / decode_done

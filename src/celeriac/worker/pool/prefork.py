@@ -18,6 +18,17 @@ one back while another child is free, for longer than the recall takes.
 Async jobs (``async def`` tasks) go to a child's event loop, up to
 ``worker_child_concurrency`` per child (``room``; ``prefork_async.py``): a child runs
 either one sync job or several async ones, and holds at most one job queued behind them.
+
+Revoke with terminate kills the child running a sync job (the job ends ``REVOKED``), and
+cancels an async job on its child's loop, leaving the child and its other jobs running
+(``prefork_async.py``).
+
+Restart storms. A child that dies while it runs something (a sync job, async jobs in
+flight, a job in limbo) is not counted by the supervisor's storm guard: each of those
+jobs already counts the death against its message (redelivered, then dead-lettered after
+``task_max_deliveries``), so a burst of poison messages is dead-lettered while the worker
+stays up. A death with nothing running (a broken ``worker_process_init``, a child that
+dies before UP or while idle) counts (``supervisor.py``).
 """
 
 from __future__ import annotations
@@ -32,12 +43,13 @@ from typing import TYPE_CHECKING
 
 from ... import states
 from ...backends.base import Stored
-from ...errors import TaskRevoked, TimeLimitExceeded, WorkerLostError
+from ...errors import TimeLimitExceeded, WorkerLostError
 from ...protocol import Message
 from ..execute import Job, Outcome, Shown, exception_repr
 from ..timer import Timer
 from . import child as child_main
 from . import pipes
+from .aio import revoked_outcome
 from .base import Pool
 from .children import ChildProc, fork_child
 from .prefork_async import AsyncDispatch
@@ -347,14 +359,20 @@ class PreforkPool(AsyncDispatch, Pool):
             proc.queued = None
             self.start_any(proc, queued, proc.queued_hard, proc.queued_async)
         self._place(proc)
-        stored = None
-        if done.stored is not None:
-            content_type, expires_at, data = done.stored
-            stored = Stored(job.headers["id"], content_type, data, expires_at)
+        if done.state == states.REVOKED:
+            # An async job cancelled by a revoke with terminate (only those come back
+            # so): settled as a terminated sync job is, TaskRevoked stored here.
+            outcome = self._terminated(job, done.reason or "terminated")
+        else:
+            stored = None
+            if done.stored is not None:
+                content_type, expires_at, data = done.stored
+                stored = Stored(job.headers["id"], content_type, data, expires_at)
+            outcome = Outcome(done.action, done.state, done.reason, done.runtime, stored,
+                              done.shown)
         # The slot that opened is reported by on_done (the consumer dispatches from
         # there); on_ready is only for slots that open otherwise.
-        self.on_done(job, Outcome(done.action, done.state, done.reason, done.runtime, stored,
-                                  done.shown))
+        self.on_done(job, outcome)
         if back is not None:
             self._hand_back(back)
         self._rebalance()
@@ -410,17 +428,20 @@ class PreforkPool(AsyncDispatch, Pool):
         how = describe_status(status)
         job, queued = proc.job, proc.queued
         proc.queued = None
+        in_flight = len(proc.tasks)
         self.async_exit(proc, how)
         if job is None and queued is not None and proc.recalling:
             job, queued = queued, None  # in limbo: it may have started, so it counts
             proc.job = job
+        if job is not None:
+            in_flight += 1
         cold = proc.killed_for == "cold shutdown"
         if job is not None:
             self._finish(proc)
             # Killed by a cold stop: not the task's fault, so not a counted loss. Its
             # message stays with the consumer, whose disconnect gives it back uncounted.
             if proc.killed_for == "revoked" and proc.revoked is job:
-                self.on_done(job, self._terminated(job, how))
+                self.on_done(job, self._terminated(job, f"terminated: child {how}"))
             elif not cold:
                 self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
         if queued is not None:
@@ -435,7 +456,9 @@ class PreforkPool(AsyncDispatch, Pool):
         if not planned:
             logger.error("child %d %s", proc.pid, how)
         if not self.closing:
-            if not planned and not self.supervisor.allow_restart(proc, how):
+            # A death with jobs in flight was counted against their messages (``_lost``:
+            # redelivered, then dead-lettered); the storm guard counts the others.
+            if not planned and not self.supervisor.allow_restart(proc, how, in_flight):
                 return
             if len(self.children) < self.concurrency:
                 self.spawn()
@@ -462,10 +485,19 @@ class PreforkPool(AsyncDispatch, Pool):
         (not started yet). When that child dies, the job ends ``REVOKED`` and its
         message is acknowledged: a revoked task is never redelivered. Children ignore
         SIGTERM, SIGINT and SIGQUIT (a terminal's Ctrl-C must not kill tasks), so for
-        those the child gets SIGKILL as well."""
+        those the child gets SIGKILL as well.
+
+        An async job is cancelled on its child's loop instead (``cancel_async``): the
+        child runs other async jobs, which go on; ``signum`` is not used."""
         for proc in self.children.values():
+            if proc.detached:
+                continue
+            for running in proc.tasks.values():
+                if running.headers["id"] == task_id:
+                    self.cancel_async(proc, running)
+                    return True
             job = proc.job
-            if job is None or job.headers["id"] != task_id or proc.detached:
+            if job is None or job.headers["id"] != task_id:
                 continue
             logger.warning("Task %s[%s] revoked: terminating child %d with %s",
                            job.headers["task"], task_id, proc.pid,
@@ -481,17 +513,8 @@ class PreforkPool(AsyncDispatch, Pool):
             return True
         return False
 
-    def _terminated(self, job: Job, how: str) -> Outcome:
-        reason = f"terminated: child {how}"
-        logger.warning("Task %s[%s] revoked (%s)", job.headers["task"], job.headers["id"],
-                       reason)
-        exc = TaskRevoked(reason)
-        stored = None
-        if not job.headers.get("ignore_result"):
-            stored = self.app.backend.encode(job.headers["id"], states.REVOKED, {
-                "exc_type": "TaskRevoked", "exc_module": "celeriac.errors",
-                "exc_message": [reason]})
-        return Outcome("ack", states.REVOKED, reason, stored=stored, shown=self._shown(exc))
+    def _terminated(self, job: Job, reason: str) -> Outcome:
+        return revoked_outcome(self.app, job, reason, self.task_events)
 
     def _shown(self, exc: BaseException) -> Shown | None:
         return (exception_repr(exc), None) if self.task_events else None

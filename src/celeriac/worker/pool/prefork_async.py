@@ -18,6 +18,16 @@ the job is still running (blocking code never reached an await), kills the child
 fails with ``TimeLimitExceeded``; the child's other jobs were not at fault: they go back to
 the consumer, first in line, uncounted. A child that dies otherwise loses none of its
 jobs either: each is redelivered as a lost sync job is (``_lost``).
+
+Revoke with terminate (``cancel_async``). Killing the child, as for a sync job, would take
+down every other async job on its loop, so the parent sends CANCEL (the job's seq) on the
+child's control pipe instead; the child cancels that job's asyncio task at its await and
+reports its DONE as ``REVOKED``, which settles it here as a terminated sync job is
+(``TaskRevoked`` stored, the message acknowledged, never redelivered). The signal the
+revoke names is not used: no process is signalled. A job that ignores the cancellation
+(it swallows ``CancelledError``, or blocks the loop) is still running
+``worker_async_kill_grace`` after the CANCEL; then the child is killed as past a hard
+limit: the job ends ``REVOKED`` and its siblings go back to the consumer uncounted.
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ class AsyncDispatch(Pool):
         def _hand_back(self, job: Job) -> None: ...
         def _kill(self, proc: ChildProc, why: str) -> None: ...
         def _lost(self, job: Job, how: str) -> Outcome: ...
+        def _terminated(self, job: Job, reason: str) -> Outcome: ...
         def _failure(self, job: Job, exc: BaseException) -> Stored | None: ...
         def _shown(self, exc: BaseException) -> Shown | None: ...
 
@@ -109,6 +120,7 @@ class AsyncDispatch(Pool):
     def start_async(self, proc: ChildProc, job: Job, hard: float | None) -> None:
         """``job`` runs on ``proc``'s loop from now."""
         proc.tasks[job.seq] = job
+        proc.began[job.seq] = self.loop.time()
         if hard:
             proc.limits[job.seq] = self.clock.call_after(
                 hard + self.kill_grace, self._async_hard_limit, proc, job, hard)
@@ -148,9 +160,11 @@ class AsyncDispatch(Pool):
     def finish_async(self, proc: ChildProc, seq: int, release: bool = True) -> Job:
         """``proc`` no longer runs async job ``seq`` (done, timed out or lost)."""
         job = proc.tasks.pop(seq)
-        entry = proc.limits.pop(seq, None)
-        if entry is not None:
-            entry.cancel()
+        proc.began.pop(seq, None)
+        for timers in (proc.limits, proc.revoking):
+            entry = timers.pop(seq, None)
+            if entry is not None:
+                entry.cancel()
         if not proc.tasks:
             self.room.pop(proc, None)  # back in sync mode (or gone)
         if release:
@@ -170,19 +184,49 @@ class AsyncDispatch(Pool):
         self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit",
                                   stored=self._failure(job, exc), shown=self._shown(exc)))
 
+    def cancel_async(self, proc: ChildProc, job: Job) -> None:
+        """Revoke with terminate of async ``job``, running on ``proc``'s loop: cancel
+        that coroutine alone; kill the child if it is still running after the grace."""
+        if job.seq in proc.revoking:
+            return  # revoked twice: the first CANCEL and its timer stand
+        logger.warning("Task %s[%s] revoked: cancelling it on child %d's event loop",
+                       job.headers["task"], job.headers["id"], proc.pid)
+        proc.revoking[job.seq] = self.clock.call_after(
+            self.kill_grace, self._cancel_ignored, proc, job)
+        proc.control.write(pipes.frame(pipes.CANCEL, str(job.seq).encode()))
+
+    def _cancel_ignored(self, proc: ChildProc, job: Job) -> None:
+        proc.revoking.pop(job.seq, None)
+        if proc.tasks.get(job.seq) is not job:
+            return
+        logger.error("Task %s[%s] still running %ss after it was cancelled (revoked with "
+                     "terminate): it ignores the cancellation or blocks its loop; killing "
+                     "child %d (its other %d task(s) will run again)", job.headers["task"],
+                     job.headers["id"], self.kill_grace, proc.pid, len(proc.tasks) - 1)
+        self._kill(proc, "revoked")
+        self.finish_async(proc, job.seq)
+        self.on_done(job, self._terminated(
+            job, f"terminated: child {proc.pid} killed, the task ignored its cancellation "
+                 f"for {self.kill_grace:g}s"))
+
     def async_exit(self, proc: ChildProc, how: str) -> None:
         """``proc`` exited (reaped, its pipe drained) with async jobs in flight."""
         if not proc.tasks:
             return
         why = proc.killed_for
         for seq in list(proc.tasks):
-            if why == "hard time limit":
-                # Killed for another task's limit: not theirs to count. They run again,
-                # first in line (handed back as never started, which costs no delivery).
-                self._hand_back(self.finish_async(proc, seq, release=False))
-            elif why == "cold shutdown":
+            if why == "cold shutdown":
                 # Their messages stay with the consumer; its disconnect gives them back.
                 self.finish_async(proc, seq)
+            elif seq in proc.revoking:
+                # Revoked with terminate, its cancellation under way: it died with its
+                # child, revoked all the same (never redelivered).
+                job = self.finish_async(proc, seq)
+                self.on_done(job, self._terminated(job, f"terminated: child {proc.pid} {how}"))
+            elif why in ("hard time limit", "revoked"):
+                # Killed for another task's limit or revoke: not theirs to count. They run
+                # again, first in line (handed back as never started: no delivery spent).
+                self._hand_back(self.finish_async(proc, seq, release=False))
             else:
                 job = self.finish_async(proc, seq)
                 self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))

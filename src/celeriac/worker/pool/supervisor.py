@@ -3,9 +3,17 @@
 Exits are noticed three ways, whichever comes first: SIGCHLD (when the pool runs in the
 main thread), EOF on a child's result pipe, and a tick on the Timer every half second
 (which also catches a child that never reports UP within ``worker_proc_alive_timeout``).
-A child that dies unplanned counts against ``worker_max_restarts`` per
-``worker_restart_window`` seconds; past that the worker stops with a clear error instead of
-fork-looping (a task module that crashes every child at start, say).
+
+The restart-storm guard is for children that die without running anything: a broken
+import or ``worker_process_init``, a child that never reports UP, one that dies idle.
+Replacing those would fork-loop, so more than ``worker_max_restarts`` of them within
+``worker_restart_window`` seconds stop the worker (exit 1) with a clear error. What it
+does not count: planned exits (recycling, shrinking, stopping; kills for a hard time
+limit, a revoke or a cold stop), and a child that died while running a job (a sync job,
+async jobs in flight, a job in limbo). That death is the job's doing, and it already
+counts against the job's message: redelivered, then dead-lettered after
+``task_max_deliveries``. Counting it here too let a burst of poison messages (tasks that
+``os._exit``) stop a worker before their deliveries ran out.
 """
 
 from __future__ import annotations
@@ -93,7 +101,12 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
 
-    def allow_restart(self, proc: ChildProc, how: str) -> bool:
+    def allow_restart(self, proc: ChildProc, how: str, in_flight: int = 0) -> bool:
+        """Whether the pool may replace ``proc``, which died unplanned; False once this
+        death makes a storm (the worker is then stopped). ``in_flight``: the jobs it was
+        running, whose messages count the death; a death with any is not counted here."""
+        if in_flight:
+            return True
         now = time.monotonic()
         self.restarts.append(now)
         while self.restarts and self.restarts[0] < now - self.window:
@@ -101,8 +114,9 @@ class Supervisor:
         if len(self.restarts) <= self.max_restarts:
             return True
         message = (f"pool children died {len(self.restarts)} times within {self.window:g}s "
-                   f"(last: child {proc.pid} {how}); stopping the worker instead of "
-                   f"restarting them (worker_max_restarts={self.max_restarts})")
+                   f"with no task running (last: child {proc.pid} {how}); stopping the "
+                   f"worker instead of restarting them (worker_max_restarts="
+                   f"{self.max_restarts})")
         logger.critical("%s", message)
         self.pool.on_fatal(message)
         return False

@@ -14,6 +14,13 @@ next bytecode (``PyThreadState_SetAsyncExc``), so not while the thread waits ins
 A hard limit cannot be enforced on a thread (nothing can kill one), as in Celery: the
 worker warns at start when one is configured. Async tasks get both, raised at the await
 they wait in.
+
+Revoke with terminate (``terminate_job``) cancels an async task on the loop thread, at
+the await it waits in; it ends ``REVOKED`` (``TaskRevoked`` stored, acknowledged, never
+redelivered) and the loop's other tasks go on. One that ignores the cancellation cannot be
+stopped here (nothing kills a thread, and the loop is the worker's process): after
+``worker_async_kill_grace`` the pool logs so, and the task ends ``REVOKED`` whenever it
+returns. A sync task in a thread cannot be terminated at all: the command says so.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ... import states
 from ..._aio import new_loop
 from ..._progress import ProgressReporter
-from ...errors import SoftTimeLimitExceeded
+from ...errors import ControlError, SoftTimeLimitExceeded
 from ..execute import Job, Outcome, Result, execute, is_async
 from ..timer import Entry, Timer
-from .aio import OnResult, TaskSet
+from .aio import OnResult, TaskSet, revoked_outcome
 from .base import Pool
 
 if TYPE_CHECKING:
@@ -60,6 +68,8 @@ class ThreadsPool(Pool):
         self._async_until = 0.0
         """Loop time until which the prefetch counts the loop's room (``capacity``)."""
         self._limits: dict[int, Entry] = {}
+        self._revoking: dict[int, Entry] = {}
+        """Async jobs cancelled by a revoke with terminate, by seq: the grace timer."""
         self._stopping = False
         self._terminated = False
         self._idle = asyncio.Event()
@@ -201,11 +211,47 @@ class ThreadsPool(Pool):
         self._call(self._async_settled, job, Outcome(*result))
 
     def _async_settled(self, job: Job, outcome: Outcome) -> None:
+        entry = self._revoking.pop(job.seq, None)
+        if entry is not None:
+            entry.cancel()
         if self._terminated or self._async.pop(job.seq, None) is None:
             return
         if self._async_waiting:
             self._start_async(*self._async_waiting.popleft())
+        if outcome.state == states.REVOKED:  # cancelled by terminate_job
+            outcome = revoked_outcome(self.app, job, outcome.reason or "terminated",
+                                      self.task_events)
         self._settled(job, outcome)
+
+    # -- revoke with terminate ------------------------------------------------------------
+    def terminate_job(self, task_id: str, signum: int) -> bool:
+        """Cancel async task ``task_id`` on the loop thread (``signum`` is not used: no
+        process is signalled); False if it waits for room there (it is cancelled as it
+        starts). A sync task's thread cannot be stopped: ``ControlError``."""
+        for job in self._async.values():
+            if job.headers["id"] != task_id:
+                continue
+            if self._aio is None or any(w[0] is job for w in self._async_waiting):
+                return False
+            if job.seq not in self._revoking:
+                self._revoking[job.seq] = self.clock.call_after(
+                    self.app.settings.worker_async_kill_grace, self._cancel_ignored, job)
+                self._aio.cancel(job.seq)
+            return True
+        for job in self._sync.values():
+            if job.headers["id"] == task_id:
+                raise ControlError("terminate: the threads pool cannot kill a running sync "
+                                   "task (use prefork); it is revoked")
+        return False
+
+    def _cancel_ignored(self, job: Job) -> None:
+        self._revoking.pop(job.seq, None)
+        if job.seq in self._async:
+            logger.error("Task %s[%s] still running %ss after it was cancelled (revoked "
+                         "with terminate): it ignores the cancellation or blocks the loop, "
+                         "and a thread cannot be killed; it ends REVOKED when it returns",
+                         job.headers["task"], job.headers["id"],
+                         self.app.settings.worker_async_kill_grace)
 
     def _settled(self, job: Job, outcome: Outcome) -> None:
         if not self._sync and not self._async:
@@ -253,9 +299,10 @@ class ThreadsPool(Pool):
             self._ready.notify_all()
         self._sync.clear()
         self._async.clear()
-        for entry in self._limits.values():
-            entry.cancel()
-        self._limits.clear()
+        for timers in (self._limits, self._revoking):
+            for entry in timers.values():
+                entry.cancel()
+            timers.clear()
         if self._aio is not None:
             self._aio.stop(wait=False)
 
@@ -278,6 +325,10 @@ class _LoopThread:
 
     def start(self, job: Job, soft: float | None, hard: float | None) -> None:
         self.loop.call_soon_threadsafe(self.tasks.start, job, soft, hard)
+
+    def cancel(self, seq: int) -> None:
+        # In order behind its start: the loop finds it running (or ended).
+        self.loop.call_soon_threadsafe(self.tasks.cancel, seq)
 
     def stop(self, wait: bool = True) -> None:
         """Stop the loop (its tasks abandoned, if any) and, with ``wait``, close it."""
