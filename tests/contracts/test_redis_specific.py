@@ -126,7 +126,9 @@ def test_one_heartbeat_returns_all_2000_messages_of_an_expired_consumer(
         dead = make(worker_lease_timeout=0.2)
         await dead.connect("dead")
         assert len(await dead.fetch([Q], 2000, 1.0)) == 2000
-        live = make(worker_lease_timeout=0.2)
+        # Its own lease long: on a loaded machine fetching and acking 2,000 messages may
+        # take longer than the dead one's 0.2 s, and must not lose them to itself.
+        live = make(worker_lease_timeout=10)
         await live.connect("live")
         assert producer.queue_length(Q) == 0
         await asyncio.sleep(0.25)  # sleep-ok: the 0.2 s lease must run out

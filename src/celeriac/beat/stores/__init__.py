@@ -1,1 +1,0 @@
-"""One module per store: ``memory``, ``redis``, ``postgres``, ``sqlite``."""
