@@ -1,4 +1,5 @@
-"""URL schemes -> classes, for transports and result backends alike: one mechanism.
+"""URL schemes -> classes, for transports, result backends and shared stores alike: one
+mechanism.
 
 A registry holds loaders (module paths and class names, imported only when their scheme
 is first used, so a client library is needed only by those who use it) and classes
@@ -32,6 +33,11 @@ class SchemeRegistry(Generic[T]):
 
     def known(self) -> list[str]:
         return sorted({*self._builtin, *self._registered})
+
+    def handles(self, url: str) -> bool:
+        """Whether ``url``'s scheme has a class here (nothing is imported)."""
+        scheme = urlsplit(url).scheme
+        return scheme in self._registered or scheme in self._builtin
 
     def lookup(self, url: str) -> type[T]:
         """The class for ``url``'s scheme; ``ConfigurationError`` naming the known

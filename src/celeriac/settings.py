@@ -214,7 +214,7 @@ class Settings:
     """Revoked ids a worker remembers (the oldest go first); Celery's
     ``CELERY_WORKER_REVOKES_MAX`` environment variable overrides it."""
     worker_revoke_expires: float = 10_800.0
-    """Seconds a revoke is remembered (workers, statedb, the broker's store); Celery's
+    """Seconds a revoke is remembered (workers, statedb, the shared store); Celery's
     ``CELERY_WORKER_REVOKE_EXPIRES`` environment variable overrides it."""
     worker_mingle_timeout: float = 1.0
     """Longest wait at startup for peers' revoked ids (``Mingle``)."""

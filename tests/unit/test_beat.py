@@ -15,10 +15,10 @@ from celeriac.beat import Beat
 from celeriac.beat.entries import parse_entry
 from celeriac.beat.service import MAX_WINDOWS, task_id_for, windows
 from celeriac.beat.store import store_url
-from celeriac.beat.stores.memory import MemoryStore
 from celeriac.canvas import Signature
 from celeriac.errors import ConfigurationError
 from celeriac.schedules import crontab, schedule
+from celeriac.stores.memory import MemoryStore
 
 T0 = datetime(2024, 3, 1, 12, 0, 0, tzinfo=UTC).timestamp()
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from celeriac import Celeriac, Settings
-from celeriac.coordination import batch_for, bucket_take, store_for
-from celeriac.coordination.memory import MemoryStore
-from celeriac.coordination.postgres import PostgresStore
-from celeriac.coordination.redis import RedisStore
-from celeriac.coordination.sqlite import SQLiteStore
 from celeriac.errors import ConfigurationError
+from celeriac.stores import batch_for, bucket_take, find_url, store_for, store_url
+from celeriac.stores.memory import MemoryStore
+from celeriac.stores.postgres import PostgresStore
+from celeriac.stores.redis import RedisStore
+from celeriac.stores.sqlite import SQLiteStore
 from celeriac.worker.execute import Job
 from celeriac.worker.ratelimit import RateLimiter
 
@@ -65,7 +65,7 @@ def test_batch_is_a_tenth_of_a_second_of_tokens_within_bounds(rate: float, batch
 
 def test_lease_has_one_holder_until_it_expires_then_another_takes_over() -> None:
     clock = Clock()
-    store = MemoryStore(clock)
+    store = MemoryStore(clock=clock)
     assert store.acquire("beat", "w1", 2.0)
     assert not store.acquire("beat", "w2", 2.0)
     assert store.holder("beat") == "w1"
@@ -80,7 +80,7 @@ def test_lease_has_one_holder_until_it_expires_then_another_takes_over() -> None
 
 
 def test_release_frees_a_lease_only_for_its_holder() -> None:
-    store = MemoryStore(Clock())
+    store = MemoryStore(clock=Clock())
     assert store.acquire("beat", "w1", 2.0)
     store.release("beat", "w2")
     assert store.holder("beat") == "w1"
@@ -102,6 +102,26 @@ def test_store_is_the_broker_s_else_the_result_backend_s(
     store = store_for(Settings(broker_url=broker, result_backend=backend), "x")
     assert isinstance(store, kind)
     store.close()
+
+
+@pytest.mark.parametrize(("broker", "backend", "chosen"), [
+    ("redis://h/0", "postgresql://u@h/db", "postgresql://u@h/db"),  # the backend's first
+    ("sqlite:///b.db", "redis://h/1", "redis://h/1"),
+    ("redis://h/0", "memory://r", "redis://h/0"),  # a shared store before an in-process one
+    ("memory://b", "memory://r", "memory://r"),
+    ("redis+cluster://h:7000", "sqlite:///r.db", "sqlite:///r.db"),  # no Cluster store
+    ("redis+sentinel://h:26379/0?master=m", None, "redis+sentinel://h:26379/0?master=m"),
+    ("amqp://guest@localhost//", "rpc://", None),
+])
+def test_one_rule_picks_the_store_of_beat_limits_elections_and_revokes(
+        broker: str, backend: str | None, chosen: str | None) -> None:
+    settings = Settings(broker_url=broker, result_backend=backend)
+    assert find_url(settings) == chosen
+    if chosen is None:
+        with pytest.raises(ConfigurationError, match="set result_backend"):
+            store_url(settings)
+    else:
+        assert store_url(settings) == chosen
 
 
 def test_rabbitmq_without_a_store_is_a_configuration_error_naming_the_task() -> None:
@@ -166,7 +186,7 @@ def test_limiter_takes_global_tokens_in_batches_and_holds_jobs_without_one() -> 
         limiter = RateLimiter(app, timer, lambda: woken.append(1))
         limit = limiter.limits["t.metered"]
         assert limit is not None and limit.shared is not None and limit.bucket is None
-        store = MemoryStore(clock)
+        store = MemoryStore(clock=clock)
         limit.shared.store = store
         # No token cached: the first job is held and a batch is asked for.
         assert not limiter.admit(limit, job(1, "t.metered"))

@@ -1,8 +1,9 @@
 """Periodic tasks: ``celeriac beat``, any number of them, sending each due time once.
 
 - ``entries``: ``BeatEntry`` and Celery's ``beat_schedule`` dict form;
-- ``store``: the ``BeatStore`` interface (lease, run-key claims, entries) and which
-  store an app uses; ``stores/``: memory, Redis, PostgreSQL, SQLite;
+- ``store``: ``BeatStore``, beat's name for the deployment's shared store
+  (``celeriac.stores``: the beat lease, run-key claims, entries; which store an app
+  uses);
 - ``service``: ``Beat``, the scheduler's tick; ``runner``: it on a Timer;
   ``step``: ``worker -B``; ``api``: ``app.beat``.
 """

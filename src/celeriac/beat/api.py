@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Any
 
 from .. import schedules
 from ..errors import ConfigurationError
+from ..stores import SharedStore, open_store
 from .entries import BeatEntry, bind_tz, parse_entry
 from .service import Beat, configured_entries, from_ms
-from .store import BeatStore, open_store
 
 if TYPE_CHECKING:
     from ..app import Celeriac
 
 
 class BeatAPI:
-    def __init__(self, app: Celeriac, store: BeatStore | None = None) -> None:
+    def __init__(self, app: Celeriac, store: SharedStore | None = None) -> None:
         self.app = app
         self._store = store
 
     @property
-    def store(self) -> BeatStore:
+    def store(self) -> SharedStore:
         if self._store is None:
             self._store = open_store(self.app.settings)
         return self._store

@@ -1,14 +1,15 @@
 """``Beat``: the scheduler. One ``tick()`` does everything a beat does, and returns how
 long to sleep before the next one:
 
-1. take or renew the lease (``BeatStore.acquire``); a beat that does not hold it does
-   nothing else, and tries again a third of ``beat_lease_timeout`` later;
+1. take or renew the beat lease (``SharedStore.acquire(BEAT_LEASE, ...)``); a beat that
+   does not hold it does nothing else, and tries again a third of ``beat_lease_timeout``
+   later;
 2. a beat that has just become the leader writes its configured entries
    (``beat_schedule``, ``add_periodic_task``) into the store and sends ``beat-leader``;
 3. for each enabled entry in the store: the due times between its last due time and
    now (the "windows"), reduced by the missed-runs policy (``once``: the latest; ``all``:
    each, at most ``MAX_WINDOWS``; ``skip``: the latest if it is on time, none otherwise),
-   then for each one: claim its run key (``BeatStore.claim``: refused unless this beat
+   then for each one: claim its run key (``SharedStore.claim``: refused unless this beat
    still holds the lease and nobody claimed that due time), and only then send it.
 
 Claim before send makes it at most once per due time: a beat killed between the two
@@ -33,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import schedules
 from ..errors import CeleriacError
+from ..stores import BEAT_LEASE, SharedStore, open_store, run_key
 from .entries import BeatEntry, bind_tz, entries_from_settings
-from .store import BeatStore, open_store, run_key
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -94,7 +95,7 @@ def default_hostname() -> str:
 
 
 class Beat:
-    def __init__(self, app: Celeriac, *, store: BeatStore | None = None,
+    def __init__(self, app: Celeriac, *, store: SharedStore | None = None,
                  hostname: str | None = None, clock: Callable[[], float] = time.time,
                  events: bool = True, max_interval: float | None = None) -> None:
         settings = app.settings
@@ -125,7 +126,7 @@ class Beat:
     # -- the loop's one step ------------------------------------------------------------
     def tick(self) -> float:
         """Renew or take the lease and, leading, send what is due; seconds to sleep."""
-        leading = self.store.acquire(self.id, self.lease_timeout)
+        leading = self.store.acquire(BEAT_LEASE, self.id, self.lease_timeout)
         if leading != self.leading:
             self.leading = leading
             self._leader_changed()
@@ -262,7 +263,7 @@ class Beat:
         """Give the lease up (a successor takes over at once) and close connections."""
         try:
             if self.leading:
-                self.store.release(self.id)
+                self.store.release(BEAT_LEASE, self.id)
                 self.leading = False
                 logger.warning("beat %s released the lease", self.id)
                 self.send_event("beat-leader", beat=self.id, leading=False)

@@ -26,8 +26,8 @@ from .pidbox import reply_exchange_for
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..stores import SharedStore
     from ..transports.base import Transport
-    from .store import RevokedStore
 
 T = TypeVar("T")
 Reply = dict[str, Any]
@@ -66,7 +66,7 @@ class Control:
         self._lock = threading.Lock()
         self._runner: _LoopThread | None = None
         self._transport: Transport | None = None
-        self._store: tuple[int, RevokedStore | None] | None = None
+        self._store: tuple[int, SharedStore | None] | None = None
 
     # -- plumbing -----------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -164,7 +164,7 @@ class Control:
                = None, terminate: bool = False, signal: str = "SIGTERM", **kwargs: Any
                ) -> list[Reply] | None:
         """Revoke ``task_id`` (or several): workers will not run it, and with
-        ``terminate`` kill the process running it. Recorded in the broker's store too
+        ``terminate`` kill the process running it. Recorded in the shared store too
         (``control/store.py``), so a worker that starts later honours it."""
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         self.record_revoked(ids)
@@ -172,7 +172,7 @@ class Control:
                                     "signal": signal}, destination, **kwargs)
 
     def record_revoked(self, ids: Sequence[str]) -> None:
-        """Write ``ids`` to the broker's store of revoked ids (where there is one)."""
+        """Write ``ids`` to the shared store's revoked ids (where there is one)."""
         from .store import store_for
 
         if not ids:
@@ -182,7 +182,7 @@ class Control:
                 self._store = (os.getpid(), store_for(self.app))
             store = self._store[1]
         if store is not None:
-            store.add(ids, time.time() + self.app.settings.worker_revoke_expires)
+            store.revoke(ids, time.time() + self.app.settings.worker_revoke_expires)
 
     def terminate(self, task_id: str | Iterable[str], destination: Sequence[str] | str |
                   None = None, signal: str = "SIGTERM", **kwargs: Any) -> list[Reply] | None:

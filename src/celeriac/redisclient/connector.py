@@ -60,8 +60,8 @@ RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, Tim
 
 def transport_options(urls: Sequence[str], settings: Settings) -> Mapping[str, Any]:
     """The transport options of the setting ``urls`` come from: a store on the broker's
-    Redis (revoked ids, coordination, beat) follows the broker's sentinel master name and
-    key prefix as the transport does."""
+    Redis (the shared store: revoked ids, leases, beat) follows the broker's sentinel
+    master name and key prefix as the transport does."""
     pieces = {u.strip() for u in urls if u.strip()}
     if pieces & {u.strip() for u in settings.broker_url.split(";")}:
         return settings.broker_transport_options or {}

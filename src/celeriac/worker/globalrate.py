@@ -1,7 +1,7 @@
 """Global rate limits: one limit per task name shared by every worker of the cluster
 (``@app.task(global_rate_limit="50/s")``), beyond Celery's per-worker ``rate_limit``.
 
-The limit is a token bucket in the cluster's shared store (``celeriac.coordination``:
+The limit is a token bucket in the cluster's shared store (``celeriac.stores``:
 a Redis script, a PostgreSQL row, a SQLite transaction). A worker does not make a round
 trip per task: ``SharedTokens`` asks for a small batch (``batch_for(rate)``, about 0.1 s
 worth, which is also the bucket's capacity) and only for jobs it holds and could start
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._net import backoff
-from ..coordination import SharedStore, batch_for
+from ..stores import SharedStore, batch_for
 
 if TYPE_CHECKING:
     from .ratelimit import Scheduler

@@ -18,7 +18,7 @@ their heartbeats expire.
 **Elections**, for cluster singletons (one beat, one cleanup job): ``election(name)``
 makes this worker a candidate from then on and answers, without blocking, whether it is
 the leader now. The leader is whoever holds a lease in the cluster's shared store
-(``celeriac.coordination``: Redis ``SET NX PX``, a PostgreSQL or SQLite row). Chosen
+(``celeriac.stores``: Redis ``SET NX PX``, a PostgreSQL or SQLite row). Chosen
 over a deterministic pick from the live set because that is only as good as every
 worker's view of the set: during a partition, or while heartbeats are late, two workers
 would both lead. The store's atomic write makes at most one holder at a time.
@@ -50,7 +50,7 @@ from .globalrate import StoreRunner
 from .heart import Heart
 
 if TYPE_CHECKING:
-    from ..coordination import SharedStore
+    from ..stores import SharedStore
     from .timer import Entry
 
 logger = logging.getLogger("celeriac.worker.gossip")
@@ -217,7 +217,7 @@ class Gossip(Step):
 
     def _store(self) -> SharedStore:
         if self.store is None:
-            from ..coordination import store_for
+            from ..stores import store_for
 
             self.store = store_for(self.worker.app.settings, "Gossip's election()")
         return self.store

@@ -4,7 +4,7 @@ ids and Lamport clock (``hello``) and merge them, before this worker takes a mes
 It waits at most ``worker_mingle_timeout`` seconds (1 s), and less where the broker can
 say how many peers there are (``listeners``): it stops at that many replies, and does
 not wait at all when there are none. A peer starting in the same moment may not be
-counted yet; what it knows of revokes is in the broker's store anyway. It runs before
+counted yet; what it knows of revokes is in the shared store anyway. It runs before
 this worker's own ``Control`` step subscribes, so it never counts or hears itself.
 ``--without-mingle`` leaves it out.
 """

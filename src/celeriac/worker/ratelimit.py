@@ -27,7 +27,7 @@ from ..protocol import parse_time, utcnow
 
 if TYPE_CHECKING:
     from ..app import Celeriac
-    from ..coordination import SharedStore
+    from ..stores import SharedStore
     from .execute import Job
     from .globalrate import SharedTokens, StoreRunner
 
@@ -238,7 +238,7 @@ class RateLimiter:
             raise ValueError(f"global_rate_limit: {exc}") from None
         shared = None
         if rate is not None:
-            from ..coordination import store_for
+            from ..stores import store_for
             from .globalrate import SharedTokens, StoreRunner
 
             if self._store is None:

@@ -11,7 +11,7 @@ nothing is revoked that is one truth test of an empty dict.
 
 Where the ids come from (``StateDB.start``, before the consumer takes any message):
 ``--statedb PATH`` (a JSON file written when the set changed, at most once a second, and
-at shutdown), the broker's store (``control/store.py``: the revokes recorded by
+at shutdown), the shared store (``celeriac.stores``: the revokes recorded by
 ``app.control.revoke``, reloaded when their version changes, so a worker that missed a
 broadcast still honours it within ``REFRESH`` seconds), and, once running, the
 ``revoke`` broadcast and Mingle's merge of its peers' sets.
@@ -28,7 +28,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..control.store import RevokedStore, store_for
+from ..control.store import store_for
+from ..stores import SharedStore
 from .blueprint import Step
 from .steps import TimerStep
 
@@ -145,7 +146,7 @@ class StateDB(Step):
             self.clock = int(data.get("clock") or 0)
             loaded = self.revoked.update(data.get("revoked") or {})
             logger.info("statedb %s: %d revoked id(s)", self.path, loaded)
-        self.store: RevokedStore | None = store_for(w.app)
+        self.store: SharedStore | None = store_for(w.app)
         self.version: object = None
         self._entries: list[Entry] = []
         read_only = s.worker_remote_control == "read-only"
@@ -171,7 +172,7 @@ class StateDB(Step):
         if items is not None:
             new = self.revoked.update(items)
             if new:
-                logger.info("%d revoked id(s) from the broker's store", new)
+                logger.info("%d revoked id(s) from the shared store", new)
         self.version = version
 
     def save_if_dirty(self) -> None:
