@@ -24,10 +24,14 @@ from .conftest import BackendFactory
 
 IDLE = 0.15
 """How long a waiter is left asleep before the store that must wake it."""
-WAKE_LATENCY = 0.1
-"""``wait_for`` returns within this long after the result is stored."""
-SLACK = 0.2
-"""How much later than asked a timed wait may return."""
+WAKE_LATENCY = 0.5
+"""``wait_for`` returns within this long after the result is stored. The mechanism is
+what is checked: a waiter that is not woken returns at its 3-5 s timeout, a woken one
+within milliseconds; the bound leaves room for a loaded machine's scheduling. (Celery's
+database layout also polls every 0.1 s, for Celery's writes, which do not notify: inside
+the bound; ``test_postgres_specific.py`` checks that our writes wake at once.)"""
+SLACK = 0.5
+"""How much later than asked a timed wait may return (a loaded machine's scheduling)."""
 EARLY = 0.01
 """Clock granularity allowed when checking that a wait did not end too early."""
 MAX_CPU_SHARE = 0.25
