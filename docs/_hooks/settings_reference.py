@@ -7,7 +7,7 @@ is built (nothing generated is committed):
   order, with its type, default and docstring (read from the source with ``ast``: a
   dataclass field's docstring is the string literal right after it), its environment
   variable, and the Celery names that set it (``celeriac.config`` and
-  ``celeriac._celery_names``).
+  ``celeriac.compat.names``).
 - ``<!-- celery-settings -->``: each of Celery's setting names and what celeriac does with
   it: implemented, converted, accepted with a warning (harmless) or refused, with the
   reason ``celeriac.config`` gives.
@@ -67,7 +67,7 @@ def celery_sources() -> dict[str, list[str]]:
     pre-4.0 uppercase names, and the converted settings (found by asking each converter
     what it sets)."""
     from celeriac import config
-    from celeriac._celery_names import DEFAULTS, OLD_NAMES
+    from celeriac.compat.names import DEFAULTS, OLD_NAMES
     from celeriac.settings import Settings
 
     fields = [f.name for f in dataclasses.fields(Settings)]
@@ -200,7 +200,7 @@ def settings_markdown() -> str:
 
 def celery_markdown() -> str:
     from celeriac import config
-    from celeriac._celery_names import DEFAULTS, UNSET
+    from celeriac.compat.names import DEFAULTS, UNSET
     from celeriac.settings import Settings
 
     fields = {f.name for f in dataclasses.fields(Settings)}

@@ -1,6 +1,6 @@
 """Reading configuration the way Celery users write it, and ignoring none of it.
 
-Every one of Celery's 207 settings (``_celery_names``) is one of:
+Every one of Celery's 207 settings (``compat/names.py``) is one of:
 
 - **implemented**: a ``Settings`` field of the same name;
 - **converted**: a Celery setting expressed in celeriac's terms (``CONVERTED``), e.g.
@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from ._celery_names import DEFAULTS as CELERY_DEFAULTS
-from ._celery_names import OLD_NAMES
+from .compat.names import DEFAULTS as CELERY_DEFAULTS
+from .compat.names import OLD_NAMES
 from .errors import ConfigurationError
 
 logger = logging.getLogger("celeriac.config")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import compression
-from ._celery_names import DEFAULTS as CELERY_DEFAULTS
+from .compat.names import DEFAULTS as CELERY_DEFAULTS
 from .config import annotators, coerce, from_mapping, object_values, translate
 from .errors import ConfigurationError
 from .routing import Routing

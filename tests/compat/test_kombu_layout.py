@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from celeriac import Settings
+from celeriac.compat.redis_broker import KombuRedisTransport
 from celeriac.protocol import Message, task_headers, task_properties
 from celeriac.transports import create_transport
-from celeriac.transports.kombu_redis import KombuRedisTransport
 from tests.services import require
 
 DB = 10

@@ -1,4 +1,4 @@
-"""kombu's exchanges on a real Redis (``transports/kombu_pubsub.py``), through a
+"""kombu's exchanges on a real Redis (``compat/redis_pubsub.py``), through a
 kombu-layout transport's broadcast channels: the keys and channels Celery's clients use,
 and nothing left behind by a call. Redis database 13 is this module's."""
 
@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from celeriac import Settings
+from celeriac.compat.redis_broker import KombuRedisTransport
 from celeriac.control.mailbox import CONTROL_CHANNEL
 from celeriac.events.dispatcher import EVENTS_CHANNEL
 from celeriac.transports.base import PRIVATE_PREFIX, create_transport
-from celeriac.transports.kombu_redis import KombuRedisTransport
 from tests.services import require
 
 DB = 4

@@ -1,5 +1,5 @@
 """The compatibility layout's broadcast channels on Celery's exchanges
-(``transports/celery_channels.py``, ``events/celery_wire.py``, ``control/pidbox.py``):
+(``compat/channels.py``, ``compat/events.py``, ``compat/pidbox.py``):
 which exchange, routing key, headers and body each channel becomes, with a fake broker.
 The real ones (Celery's CLI, Flower) are in ``tests/compat/test_monitoring.py``."""
 
@@ -12,14 +12,14 @@ from typing import Any
 
 import orjson
 
-from celeriac.control import pidbox
+from celeriac.compat import events as celery_wire
+from celeriac.compat import kombu_wire as kw
+from celeriac.compat import pidbox
+from celeriac.compat.channels import CeleryChannels, KombuExchanges
+from celeriac.compat.kombu_wire import Exchange
 from celeriac.control.mailbox import CONTROL_CHANNEL, decode_command, encode_command
-from celeriac.events import celery_wire
 from celeriac.events.dispatcher import EVENTS_CHANNEL, routing_key
-from celeriac.transports import kombu_wire as kw
 from celeriac.transports.base import PRIVATE_PREFIX, Subscription
-from celeriac.transports.celery_channels import CeleryChannels, KombuExchanges
-from celeriac.transports.kombu_wire import Exchange
 
 
 class FakeSub(Subscription):
@@ -151,8 +151,8 @@ def test_kombu_options_and_exchange_names_other_than_celerys_are_refused() -> No
     import pytest
 
     from celeriac import Celeriac
+    from celeriac.compat.redis_pubsub import check_options, database
     from celeriac.errors import ConfigurationError
-    from celeriac.transports.kombu_pubsub import check_options, database
 
     check_options({"fanout_prefix": True, "visibility_timeout": 10,
                    "global_keyprefix": "app:"})  # kombu's prefix is spoken (test_keyprefix)

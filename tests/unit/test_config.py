@@ -13,8 +13,8 @@ import pytest
 
 from celeriac import Celeriac, ConfigurationError, Settings
 from celeriac import config as config_module
-from celeriac._celery_names import DEFAULTS as CELERY_DEFAULTS
-from celeriac._celery_names import OLD_NAMES
+from celeriac.compat.names import DEFAULTS as CELERY_DEFAULTS
+from celeriac.compat.names import OLD_NAMES
 from celeriac.config import CONVERTED, HARMLESS, REFUSED
 
 FIELDS = {f.name for f in dataclasses.fields(Settings)}

@@ -322,8 +322,8 @@ BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "resu
     "postgresql": ("celeriac.backends.postgres", "PostgresBackend"),
     "postgres": ("celeriac.backends.postgres", "PostgresBackend"),
     # Celery's SQLAlchemy backend's URL: its celery_taskmeta table (compatibility mode).
-    "db+postgresql": ("celeriac.backends.celery_db", "CeleryDatabaseBackend"),
-    "db+postgres": ("celeriac.backends.celery_db", "CeleryDatabaseBackend"),
+    "db+postgresql": ("celeriac.compat.db_results", "CeleryDatabaseBackend"),
+    "db+postgres": ("celeriac.compat.db_results", "CeleryDatabaseBackend"),
 })
 
 
@@ -337,7 +337,7 @@ def known_schemes() -> list[str]:
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    from .._layouts import BACKEND_LAYOUTS, lookup
+    from ..compat.layouts import BACKEND_LAYOUTS, lookup
 
     chosen: type[ResultBackend] | None = lookup(url, BACKEND_LAYOUTS, "result backend")
     return chosen if chosen is not None else BACKENDS.lookup(url)

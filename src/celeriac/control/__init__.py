@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..compat.pidbox import reply_exchange_for
 from .mailbox import CONTROL_CHANNEL, encode_command, new_ticket, reply_channel
 from .mailbox import decode_reply as _decode_reply
-from .pidbox import reply_exchange_for
 
 if TYPE_CHECKING:
     from ..app import Celeriac

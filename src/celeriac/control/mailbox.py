@@ -83,7 +83,7 @@ def encode_command(method: str, arguments: Mapping[str, Any] | None = None, *,
                    matcher: str | None = None, signing_key: str | None = None,
                    now: float | None = None, reply_exchange: str = REPLY_EXCHANGE) -> bytes:
     """The command's bytes; signed when ``signing_key`` is given. ``reply_exchange``:
-    what ``reply_to`` names (Celery's on the compatibility layout: ``pidbox.py``)."""
+    what ``reply_to`` names (Celery's on the compatibility layout: ``compat/pidbox.py``)."""
     ticket = ticket or new_ticket()
     body: dict[str, Any] = {
         "method": method,

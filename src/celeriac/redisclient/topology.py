@@ -42,7 +42,7 @@ CLUSTER_SCHEMES = ("redis+cluster",)
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
 # Our query parameters: taken out before a URL reaches redis-py. ``layout``,
 # ``visibility_timeout`` and ``global_keyprefix`` are the compatibility layout's
-# (``_layouts.py``), read where the layout is chosen; other users of the same URL (the
+# (``compat/layouts.py``), read where the layout is chosen; other users of the same URL (the
 # shared store) pass them by, but for the prefix (``_namespace``).
 _OURS = ("namespace", "master", "master_name", "sentinel_password", "replicas_ack",
          "replicas_ack_timeout", "layout", "visibility_timeout", "global_keyprefix")

@@ -240,7 +240,7 @@ def known_schemes() -> list[str]:
 def transport_class(url: str) -> type[Transport]:
     """The transport class for ``url`` (the first of several ``;``-separated URLs)."""
     first = url.split(";")[0].strip()
-    from .._layouts import TRANSPORT_LAYOUTS, lookup
+    from ..compat.layouts import TRANSPORT_LAYOUTS, lookup
 
     chosen: type[Transport] | None = lookup(first, TRANSPORT_LAYOUTS, "broker")
     return chosen if chosen is not None else TRANSPORTS.lookup(first)

@@ -15,9 +15,9 @@ import logging
 import time
 from typing import Any
 
+from ..compat.pidbox import reply_exchange_for
 from ..control import gather
 from ..control.mailbox import CONTROL_CHANNEL, encode_command, new_ticket
-from ..control.pidbox import reply_exchange_for
 from ..transports.base import Transport, create_transport
 from .blueprint import Step
 from .revoked import StateDB

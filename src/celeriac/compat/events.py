@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 
-from ..transports.kombu_wire import Exchange
+from .kombu_wire import Exchange
 
 logger = logging.getLogger("celeriac.events.celery_wire")
 

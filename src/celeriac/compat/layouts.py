@@ -1,12 +1,12 @@
 """Celery compatibility mode: which class a URL's ``layout`` parameter selects.
 
 ``redis://...?layout=kombu`` (broker): kombu's Redis layout, shared with Celery's workers
-and producers (``transports/kombu_redis.py``). ``amqp://...?layout=kombu``: RabbitMQ
+and producers (``redis_broker.py``). ``amqp://...?layout=kombu``: RabbitMQ
 queues declared exactly as Celery declares them, events and remote control on Celery's
-exchanges (``transports/amqp/kombu.py``).
+exchanges (``amqp_broker.py``).
 ``redis://...?layout=celery`` (result backend): Celery's ``celery-task-meta-<id>`` keys
-(``backends/celery_redis.py``). ``db+postgresql://`` needs no parameter: it is Celery's
-own URL for its SQLAlchemy backend (``backends/celery_db.py``). Without ``layout`` a URL
+(``redis_results.py``). ``db+postgresql://`` needs no parameter: it is Celery's
+own URL for its SQLAlchemy backend (``db_results.py``). Without ``layout`` a URL
 means celeriac's own layout; any other value is an error naming the known ones.
 """
 
@@ -16,21 +16,21 @@ import importlib
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 TRANSPORT_LAYOUTS: dict[tuple[str, str], tuple[str, str]] = {
-    ("redis", "kombu"): ("celeriac.transports.kombu_redis", "KombuRedisTransport"),
-    ("rediss", "kombu"): ("celeriac.transports.kombu_redis", "KombuRedisTransport"),
-    ("amqp", "kombu"): ("celeriac.transports.amqp.kombu", "KombuAMQPTransport"),
-    ("amqps", "kombu"): ("celeriac.transports.amqp.kombu", "KombuAMQPTransport"),
+    ("redis", "kombu"): ("celeriac.compat.redis_broker", "KombuRedisTransport"),
+    ("rediss", "kombu"): ("celeriac.compat.redis_broker", "KombuRedisTransport"),
+    ("amqp", "kombu"): ("celeriac.compat.amqp_broker", "KombuAMQPTransport"),
+    ("amqps", "kombu"): ("celeriac.compat.amqp_broker", "KombuAMQPTransport"),
 }
 BACKEND_LAYOUTS: dict[tuple[str, str], tuple[str, str]] = {
-    ("redis", "celery"): ("celeriac.backends.celery_redis", "CeleryRedisBackend"),
-    ("rediss", "celery"): ("celeriac.backends.celery_redis", "CeleryRedisBackend"),
+    ("redis", "celery"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
+    ("rediss", "celery"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
     # A kombu-layout broker URL that is also the result backend (no result_backend set):
     # Celery's results, as a Celery app with that one URL has.
-    ("redis", "kombu"): ("celeriac.backends.celery_redis", "CeleryRedisBackend"),
-    ("rediss", "kombu"): ("celeriac.backends.celery_redis", "CeleryRedisBackend"),
+    ("redis", "kombu"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
+    ("rediss", "kombu"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
 }
 
 

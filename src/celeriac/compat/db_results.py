@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
+from ..backends.base import ResultBackend, Stored
 from ..errors import BrokerUnavailable, DecodeError
 from ..result import GROUP_KEY_PREFIX, tuple_id
-from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -11,7 +11,7 @@ Celery's own clients and workers look:
 ==================== ============================================ =====================
 channel              Celery's exchange                            payload
 ==================== ============================================ =====================
-``celeriac.events``  ``celeryev`` (topic; ``#`` to receive)       ``events/celery_wire``
+``celeriac.events``  ``celeryev`` (topic; ``#`` to receive)       ``events.py``
 ``celeriac.control`` ``celery.pidbox`` (fanout)                   the command, as is
 reply ``<key>``      ``reply.celery.pidbox`` (direct) by ``<key>`` ``{hostname: reply}``
                      to the queue ``<key>.reply.celery.pidbox``    + ``ticket`` header
@@ -20,8 +20,8 @@ reply ``<key>``      ``reply.celery.pidbox`` (direct) by ``<key>`` ``{hostname: 
 So the dispatcher, the receiver, ``app.control`` and the worker's ``Control`` step work
 unchanged on this layout, and speak to Celery's side as well as to ours. Any other
 channel is the transport's own (``None`` / ``False`` below). How a broker carries a
-kombu exchange is the ``KombuExchanges`` of each: ``kombu_pubsub.py`` (Redis: kombu's
-PUBLISH/PSUBSCRIBE fanout and its binding sets), ``amqp/kombu.py`` (RabbitMQ: the
+kombu exchange is the ``KombuExchanges`` of each: ``redis_pubsub.py`` (Redis: kombu's
+PUBLISH/PSUBSCRIBE fanout and its binding sets), ``amqp_broker.py`` (RabbitMQ: the
 exchanges themselves, declared with Celery's arguments).
 """
 
@@ -32,11 +32,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..control import pidbox
 from ..control.mailbox import CONTROL_CHANNEL
-from ..events import celery_wire
 from ..events.dispatcher import EVENTS_CHANNEL
-from .base import PRIVATE_PREFIX, Subscription
+from ..transports.base import PRIVATE_PREFIX, Subscription
+from . import events as celery_wire
+from . import pidbox
 from .kombu_wire import Exchange
 
 logger = logging.getLogger("celeriac.transports.celery_channels")

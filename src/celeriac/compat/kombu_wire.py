@@ -51,7 +51,7 @@ import orjson
 
 from ..errors import DecodeError
 from ..protocol import DECODE_ERROR_HEADER, Message, new_id
-from .base import DeadLetter
+from ..transports.base import DeadLetter
 
 if TYPE_CHECKING:
     import redis

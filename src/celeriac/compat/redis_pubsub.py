@@ -1,6 +1,6 @@
 """kombu's exchanges on Redis, as Celery's clients use them: the broker side of Celery's
-events and remote-control mailbox for the kombu-layout transport (``kombu_redis.py``;
-what goes through them is in ``celery_channels.py``).
+events and remote-control mailbox for the kombu-layout transport (``redis_broker.py``;
+what goes through them is in ``channels.py``).
 
 kombu's Redis transport has no exchanges; it emulates two kinds (``kombu/transport/
 redis.py``, defaults of kombu 4 and later):
@@ -33,13 +33,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from ..control import pidbox
 from ..errors import ConfigurationError, OperationalError
+from ..transports.base import Subscription
+from ..transports.redis import RedisSubscription, confirmed
 from . import kombu_wire as kw
-from .base import Subscription
-from .celery_channels import KombuExchanges
+from . import pidbox
+from .channels import KombuExchanges
 from .kombu_wire import Exchange
-from .redis import RedisSubscription, confirmed
 
 if TYPE_CHECKING:
     import redis.asyncio as aredis

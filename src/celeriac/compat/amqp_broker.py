@@ -2,7 +2,7 @@
 task queues declared as Celery declares them (``wire.Config.kombu``), and its broadcast
 channels on Celery's exchanges, so ``celery inspect``, ``celery events`` and Flower see
 celeriac workers, and celeriac's monitors and ``app.control`` see Celery's
-(``celery_channels.py`` routes the channels; this module carries them).
+(``channels.py`` routes the channels; this module carries them).
 
 On RabbitMQ kombu's exchanges are real ones, and a declaration must equal the first one
 argument for argument, or the broker closes the second declarer's channel
@@ -29,16 +29,16 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..base import Subscription
-from ..celery_channels import CeleryChannels, KombuExchanges
-from ..kombu_wire import Exchange
-from . import wire
-from .link import AMQPSubscription
-from .transport import AMQPTransport
+from ..transports.amqp import wire
+from ..transports.amqp.link import AMQPSubscription
+from ..transports.amqp.transport import AMQPTransport
+from ..transports.base import Subscription
+from .channels import CeleryChannels, KombuExchanges
+from .kombu_wire import Exchange
 
 if TYPE_CHECKING:
-    from ...settings import Settings
-    from .client import _Link
+    from ..settings import Settings
+    from ..transports.amqp.client import _Link
 
 logger = logging.getLogger("celeriac.transports.amqp.kombu")
 
@@ -61,7 +61,7 @@ class AMQPExchanges(KombuExchanges):
                 link.admin().exchange_declare(exchange.name, exchange.type,
                                               durable=exchange.durable)
                 link.exchanges.add(exchange.name)
-            # The client's confirmed send, as its own broadcast uses (same package).
+            # The client's confirmed send, as its own broadcast uses (a private method).
             client._send(link, {0: (exchange.name, routing_key, body, props, False)}, [0])
 
         client.call("broadcast", op)

@@ -27,7 +27,7 @@ transport contract maps onto it:
 - **Dead letters** are celeriac's (kombu has none), in ``_celeriac.kombu.dead``.
 - Broadcasts (events, remote control) go where Celery's go: ``celeryev`` and the
   ``celery.pidbox`` mailbox, by kombu's pub/sub and binding sets
-  (``celery_channels.py``, ``kombu_pubsub.py``).
+  (``channels.py``, ``redis_pubsub.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ import orjson
 from ..errors import ConfigurationError
 from ..protocol import Delivery, new_id, utcnow
 from ..redisclient import Connector
+from ..transports.base import DeadLetter, Outgoing, Subscription
+from ..transports.redis import RedisTransport
 from . import kombu_wire as kw
-from .base import DeadLetter, Outgoing, Subscription
-from .celery_channels import CeleryChannels
-from .kombu_pubsub import RedisExchanges, check_options, database
-from .redis import RedisTransport
+from .channels import CeleryChannels
+from .redis_pubsub import RedisExchanges, check_options, database
 
 if TYPE_CHECKING:
     import redis

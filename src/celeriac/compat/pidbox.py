@@ -25,7 +25,7 @@ works, and what we do:
 The reply shapes are Celery's already (``inspect_commands.py``), so nothing else
 changes: ``control/__init__.py`` and the worker's ``Control`` step use their transport's
 broadcast channels, and a kombu-layout transport routes those channels here
-(``transports/celery_channels.py``).
+(``channels.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._layouts import layout
-from ..transports.kombu_wire import Exchange
-from .mailbox import REPLY_EXCHANGE as CELERIAC_REPLY_EXCHANGE
+from ..control.mailbox import REPLY_EXCHANGE as CELERIAC_REPLY_EXCHANGE
+from .kombu_wire import Exchange
+from .layouts import layout
 
 NAMESPACE = "celery"
 """Celery's ``control_exchange`` default; other values are refused by our settings."""

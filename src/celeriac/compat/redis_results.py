@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 from .. import states
+from ..backends.base import ResultBackend, Stored
 from ..errors import ConfigurationError
 from ..redisclient import Connector
 from ..result import GROUP_KEY_PREFIX, tuple_id
-from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     import redis
@@ -124,7 +124,7 @@ class CeleryRedisBackend(ResultBackend):
             raise ConfigurationError(
                 f"result_serializer={settings.result_serializer!r}: Celery's result layout "
                 "is written in JSON here (Celery's default); set result_serializer='json'")
-        from ..transports.kombu_redis import split_options
+        from .redis_broker import split_options
 
         split = [split_options(u) for u in url.split(";") if u.strip()]
         urls = [plain for plain, _ in split]
