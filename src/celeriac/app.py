@@ -19,18 +19,16 @@ from typing import (
     overload,
 )
 
-from . import _state, config, sending, serialization, signals
+from . import _state, config, producer, serialization, signals
 from . import compression as _compression
 from . import result as _result
 from ._loading import django_apps, load_object
-from ._messages import split_call, validate_priority
-from ._net import retrying
 from .backends.base import ResultBackend, create_backend
 from .canvas import Signature, register_builtins
 from .canvas import signature as _signature
 from .errors import ConfigurationError
 from .hooks import HookRunner, Hooks
-from .protocol import Message
+from .producer import SendOptions, validate_priority
 from .routing import Routing
 from .settings import Conf, Settings
 from .tasks import Task, TaskOptions
@@ -421,28 +419,15 @@ class Celeriac:
         if link is not None or link_error is not None:
             embed = {"callbacks": self._linked(link, "link"),
                      "errbacks": self._linked(link_error, "link_error")}
-        item = sending.prepare(self,
-            name, args, kwargs, embed=embed, countdown=countdown, eta=eta, expires=expires,
-            queue=queue, priority=priority, task_id=task_id, headers=headers,
-            serializer=serializer, retries=retries, time_limit=time_limit,
-            soft_time_limit=soft_time_limit, ignore_result=ignore_result, shadow=shadow,
-            routing_key=routing_key, exchange=exchange, parent_id=parent_id, root_id=root_id,
-            group_id=group_id, add_to_parent=add_to_parent, compression=compression)
-        queue, message, delay = item.queue, item.message, item.delay
-        if self.hooks:
-            self.hooks.call("before_publish", message, queue)
-        if retry is None and retry_policy is None:
-            self.publisher.publish(queue, message, delay=delay)
-        else:
-            limit = (retry_policy or {}).get("max_retries",
-                                              self.settings.broker_connection_max_retries)
-            with retrying(retry if retry is not None else True, limit):
-                self.publisher.publish(queue, message, delay=delay)
-        if self.hooks:
-            self.hooks.call("after_publish", message, queue)
-        if self.settings.task_send_sent_event:
-            self._send_sent_event(message, queue)
-        return _result.AsyncResult(message.headers["id"], self, name)
+        options = SendOptions(
+            countdown=countdown, eta=eta, expires=expires, queue=queue,
+            routing_key=routing_key, exchange=exchange, priority=priority, task_id=task_id,
+            headers=headers, serializer=serializer, compression=compression,
+            retries=retries, time_limit=time_limit, soft_time_limit=soft_time_limit,
+            ignore_result=ignore_result, shadow=shadow, parent_id=parent_id,
+            root_id=root_id, group_id=group_id, add_to_parent=add_to_parent, retry=retry,
+            retry_policy=retry_policy, embed=embed).check()
+        return producer.send(self, name, args, kwargs, options)
 
     def _linked(self, value: Any, option: str) -> list[dict[str, Any]] | None:
         """``link=``/``link_error=`` as the signature dicts the message carries."""
@@ -473,76 +458,18 @@ class Celeriac:
         built (and serialized) before anything is sent, chunk by chunk: an argument that
         cannot be encoded raises before that chunk is published.
         """
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
-        results: list[_result.AsyncResult[Any]] = []
-        chunk: list[Outgoing] = []
-        for call in calls:
-            args, kwargs = split_call(call)
-            message, q, delay = sending.build(self,
-                name, args, kwargs, countdown=countdown, eta=None, expires=None, queue=queue,
-                priority=priority, task_id=None, headers=None, serializer=serializer,
-                retries=0, time_limit=None, soft_time_limit=None, ignore_result=False,
-                compression=compression,
-            )
-            chunk.append(Outgoing(q, message, delay))
-            results.append(_result.AsyncResult(message.headers["id"], self, name))
-            if len(chunk) >= chunk_size:
-                self._publish_chunk(chunk)
-                chunk = []
-        if chunk:
-            self._publish_chunk(chunk)
-        return results
+        options = SendOptions(queue=queue, priority=priority, countdown=countdown,
+                              serializer=serializer, compression=compression,
+                              add_to_parent=False).check()
+        return producer.send_many(self, name, calls, options, chunk_size)
 
     def publish_prepared(self, items: Iterable[Outgoing], *, chunk_size: int = 1000,
                          retry: bool | None = None,
                          retry_policy: Mapping[str, Any] | None = None) -> int:
-        """Publish messages made by ``sending.prepare``, ``chunk_size`` per broker round trip
-        (hooks and ``task-sent`` events as ``send_task``); returns how many."""
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
-        sent = 0
-        chunk: list[Outgoing] = []
-
-        def flush() -> None:
-            if retry is None and retry_policy is None:
-                self._publish_chunk(chunk)
-                return
-            limit = (retry_policy or {}).get("max_retries",
-                                              self.settings.broker_connection_max_retries)
-            with retrying(retry if retry is not None else True, limit):
-                self._publish_chunk(chunk)
-
-        for item in items:
-            chunk.append(item)
-            if len(chunk) >= chunk_size:
-                flush()
-                sent, chunk = sent + len(chunk), []
-        if chunk:
-            flush()
-            sent += len(chunk)
-        return sent
-
-    def _publish_chunk(self, chunk: list[Outgoing]) -> None:
-        if self.hooks:
-            for item in chunk:
-                self.hooks.call("before_publish", item.message, item.queue)
-        self.publisher.publish_many(chunk)
-        if self.hooks:
-            for item in chunk:
-                self.hooks.call("after_publish", item.message, item.queue)
-        if self.settings.task_send_sent_event:
-            for item in chunk:
-                self._send_sent_event(item.message, item.queue)
-
-    def _send_sent_event(self, message: Message, queue: str) -> None:
-        h = message.headers
-        fields: dict[str, Any] = {}
-        if not self.settings.events_hide_args:
-            fields["args"], fields["kwargs"] = h.get("argsrepr"), h.get("kwargsrepr")
-        self.events.send("task-sent", uuid=h["id"], name=h["task"], retries=h.get("retries"),
-                         eta=h.get("eta"), expires=h.get("expires"), queue=queue,
-                         root_id=h.get("root_id"), parent_id=h.get("parent_id"), **fields)
+        """Publish messages made by ``producer.prepare``, ``chunk_size`` per broker
+        round trip (hooks and ``task-sent`` events as ``send_task``); returns how many."""
+        return producer.publish_prepared(self, items, chunk_size=chunk_size, retry=retry,
+                                         retry_policy=retry_policy)
 
     async def asend_task(self, name: str, args: Sequence[Any] | None = None,
                          kwargs: Mapping[str, Any] | None = None, **options: Any

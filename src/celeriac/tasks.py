@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, Type
 from . import states
 from .backends.base import ResultMeta
 from .errors import Ignore, MaxRetriesExceededError, Retry
+from .producer import publish as _publish
+from .producer.options import SEND_OPTIONS, SendOptions
 from .protocol import new_id
 
 if TYPE_CHECKING:
@@ -163,6 +165,8 @@ class Task(Generic[P, R]):
         self.has_handlers = any(getattr(type(self), h) is not getattr(Task, h)
                                 for h in HANDLERS)
         """True when a subclass overrides a handler (checked once, not per task)."""
+        self._defaults: tuple[TaskOptions, Any, SendOptions] | None = None
+        """``delay()``'s options, for the task options and settings they came from."""
 
     # -- Celery's handlers ---------------------------------------------------------------
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -383,23 +387,52 @@ class Task(Generic[P, R]):
         if unknown:
             raise TypeError(f"{self.name}.apply_async() got unknown option(s): "
                             f"{', '.join(sorted(unknown))}")
-        if self.app.settings.task_always_eager:
+        app = self.app
+        if app.settings.task_always_eager:
             return self.apply(args, kwargs, task_id=task_id)
-        o = self.options
-        if o.compression is not None and options.get("compression") is None:
-            options["compression"] = o.compression
-        return self.app.send_task(
-            self.name, args, kwargs, countdown=countdown, eta=eta,
-            expires=expires if expires is not None else o.expires,
-            queue=queue or o.queue, priority=priority if priority is not None else o.priority,
-            task_id=task_id, headers=headers, serializer=serializer or o.serializer,
-            retries=retries,
-            time_limit=time_limit if time_limit is not None else o.time_limit,
-            soft_time_limit=soft_time_limit if soft_time_limit is not None
-            else o.soft_time_limit,
-            ignore_result=self.ignore_result if ignore_result is None else ignore_result,
-            **options,
-        )
+        if (not options and countdown is None and eta is None and expires is None
+                and queue is None and priority is None and task_id is None
+                and headers is None and serializer is None and retries == 0
+                and time_limit is None and soft_time_limit is None
+                and ignore_result is None):
+            send = self._default_options()  # delay(): made once per task and settings
+        else:
+            o = self.options
+            if "link" in options or "link_error" in options:
+                link, link_error = options.pop("link", None), options.pop("link_error", None)
+                if link is not None or link_error is not None:
+                    options["embed"] = {"callbacks": app._linked(link, "link"),
+                                        "errbacks": app._linked(link_error, "link_error")}
+            if options.get("compression") is None:
+                options["compression"] = o.compression
+            send = SendOptions(
+                countdown=countdown, eta=eta,
+                expires=expires if expires is not None else o.expires,
+                queue=queue or o.queue,
+                priority=priority if priority is not None else o.priority,
+                task_id=task_id, headers=headers, serializer=serializer or o.serializer,
+                retries=retries,
+                time_limit=time_limit if time_limit is not None else o.time_limit,
+                soft_time_limit=soft_time_limit if soft_time_limit is not None
+                else o.soft_time_limit,
+                ignore_result=self.ignore_result if ignore_result is None else ignore_result,
+                **options,
+            ).check()
+        return _publish.send(app, self.name, args, kwargs, send)
+
+    def _default_options(self) -> SendOptions:
+        """The options of a send with none given: the task's own, checked once (again
+        when the task's options or the app's settings are replaced)."""
+        o, settings = self.options, self.app.settings
+        cached = self._defaults
+        if cached is not None and cached[0] is o and cached[1] is settings:
+            return cached[2]
+        send = SendOptions(
+            expires=o.expires, queue=o.queue, priority=o.priority, serializer=o.serializer,
+            compression=o.compression, time_limit=o.time_limit,
+            soft_time_limit=o.soft_time_limit, ignore_result=self.ignore_result).check()
+        self._defaults = (o, settings, send)
+        return send
 
     async def aapply_async(self, args: Sequence[Any] | None = None,
                            kwargs: Mapping[str, Any] | None = None, **options: Any
@@ -534,12 +567,6 @@ class Task(Generic[P, R]):
 
     def should_autoretry(self, exc: BaseException) -> bool:
         return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
-
-
-SEND_OPTIONS = frozenset({
-    "shadow", "routing_key", "exchange", "retry", "retry_policy", "parent_id", "root_id",
-    "group_id", "add_to_parent", "link", "link_error", "compression"})
-"""``apply_async`` options passed through to ``send_task`` as they are."""
 
 
 def short_repr(value: Any) -> str:

@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from celeriac import Celeriac, sending
+from celeriac import Celeriac, producer
 from celeriac.protocol import Message, parse_time, validate_headers, validate_properties
 
 V2_HEADERS = {"lang", "task", "id", "root_id", "parent_id", "group", "eta", "expires",
@@ -12,11 +12,9 @@ V2_HEADERS = {"lang", "task", "id", "root_id", "parent_id", "group", "eta", "exp
 
 def test_message_is_celery_protocol_v2() -> None:
     app = Celeriac("p", broker="memory://proto")
-    msg, queue, delay = sending.build(app,
-        "proj.add", (2, 3), {"z": 1}, countdown=None, eta=datetime(2030, 1, 1, tzinfo=UTC),
-        expires=60, queue=None, priority=5, task_id="abc", headers=None, serializer=None,
-        retries=0, time_limit=10, soft_time_limit=5, ignore_result=False,
-    )
+    msg, queue, delay = producer.build(app, "proj.add", (2, 3), {"z": 1}, producer.SendOptions(
+        eta=datetime(2030, 1, 1, tzinfo=UTC), expires=60, priority=5, task_id="abc",
+        time_limit=10, soft_time_limit=5))
     assert set(msg.headers) >= V2_HEADERS
     assert msg.headers["task"] == "proj.add" and msg.headers["id"] == "abc"
     assert msg.headers["root_id"] == "abc" and msg.headers["parent_id"] is None

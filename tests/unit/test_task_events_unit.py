@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from celeriac import Celeriac, sending
+from celeriac import Celeriac, producer
 from celeriac.testing import ThreadedWorker
 from celeriac.worker.execute import EXCEPTION_REPR, RESULT_REPR, execute_message
 
 
 def _run(app: Celeriac, name: str, *args: object, task_events: bool) -> tuple[object, ...]:
-    message, _, _ = sending.build(app,
-        name, args, None, countdown=None, eta=None, expires=None, queue=None, priority=None,
-        task_id=None, headers=None, serializer=None, retries=0, time_limit=None,
-        soft_time_limit=None, ignore_result=False)
+    message, _, _ = producer.build(app, name, args, None, producer.SendOptions())
     return execute_message(app, message.headers, message.body, message.content_type,
                            "celery", 1, "host", task_events)
 

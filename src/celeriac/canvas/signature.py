@@ -7,9 +7,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from .. import _state, sending
+from .. import _state
 from .._state import SharedTask
 from ..errors import NotRegistered
+from ..producer import SendOptions, prepare, send
 from ..protocol import new_id
 from ..result import AsyncResult, GroupResult
 from ..tasks import Task, current_request
@@ -238,25 +239,25 @@ class Signature(dict[str, Any]):
         if self.app.settings.task_always_eager:
             return self.apply(args, kwargs, **options)
         a, k, o = self._merge(args, kwargs, options)
-        o = _with_task_defaults(self.app, self.task, o)
-        retry, policy = o.pop("retry", None), o.pop("retry_policy", None)
+        return send(self.app, self.task, a, k, self._send_options(o))
+
+    def _send_options(self, options: dict[str, Any], *, publish: bool = True
+                      ) -> SendOptions:
+        """The merged options of a send as ``SendOptions`` (made once, checked): the
+        registered task's own under them, the canvas ones as the embed."""
+        o = _with_task_defaults(self.app, self.task, options)
+        if not publish:  # the caller publishes (in bulk) with its own retry policy
+            o.pop("retry", None)
+            o.pop("retry_policy", None)
         embed = _pop_embed(o)
-        if not embed and "group_index" not in o:
-            return self.app.send_task(self.task, a, k, retry=retry, retry_policy=policy, **o)
-        item = sending.prepare(self.app, self.task, a, k, embed=embed, **o)
-        self.app.publish_prepared([item], retry=retry, retry_policy=policy)
-        return AsyncResult(item.message.headers["id"], self.app, self.task)
+        return SendOptions.from_mapping("apply_async", o, embed)
 
     def _outgoing(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
                   options: Mapping[str, Any]) -> tuple[Outgoing, Result]:
         """The message ``apply_async`` would publish and its result, unpublished (a
         group publishes its members' in bulk). Retry options are the caller's to use."""
         a, k, o = self._merge(args, kwargs, options)
-        o = _with_task_defaults(self.app, self.task, o)
-        for key in ("retry", "retry_policy"):
-            o.pop(key, None)
-        embed = _pop_embed(o)
-        item = sending.prepare(self.app, self.task, a, k, embed=embed, **o)
+        item = prepare(self.app, self.task, a, k, self._send_options(o, publish=False))
         return item, AsyncResult(item.message.headers["id"], self.app, self.task)
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,

@@ -25,17 +25,18 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import compression, serialization, states
+from .. import states
 from ..errors import ChordError, DecodeError
-from ..protocol import Message, new_id, parse_time, task_headers, task_properties, utcnow
-from ..tasks import args_repr
+from ..producer import SendOptions, build
+from ..protocol import new_id, parse_time
 
 if TYPE_CHECKING:
     from ..app import Celeriac
     from ..backends.base import Stored
+    from ..protocol import Message
     from ..tasks import Request, Task
 
 logger = logging.getLogger("celeriac.worker.followups")
@@ -308,52 +309,48 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
     return [((message.headers["id"], None), None)]
 
 
+def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
+             embed: dict[str, Any], options: Mapping[str, Any], lineage: Mapping[str, Any]
+             ) -> tuple[str, Message, float | None]:
+    """The follow-up's message, built as a producer's (``producer.build``) with a
+    worker's policy (``lenient``: a compression it cannot apply is logged)."""
+    message, queue, delay = build(app, name, args, kwargs,
+                                  _send_options(app, name, options, embed, lineage),
+                                  lenient=True)
+    return queue, message, delay
+
+
 def _task_compression(app: Celeriac, name: str) -> str | None:
     """The registered task's own ``compression`` option, as ``Task.apply_async`` uses it."""
     task = app.tasks.get(name)
     return task.options.compression if task is not None else None
 
 
-def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
-             embed: dict[str, Any], options: dict[str, Any], lineage: Mapping[str, Any]
-             ) -> tuple[str, Message, float | None]:
-    task_id = options.get("task_id") or new_id()
-    now = utcnow()
-    countdown = options.get("countdown")
-    eta = parse_time(options.get("eta")) if isinstance(options.get("eta"), str) else None
+def _send_options(app: Celeriac, name: str, options: Mapping[str, Any],
+                  embed: dict[str, Any], lineage: Mapping[str, Any]) -> SendOptions:
+    """A signature's options as they travelled (JSON: times as ISO strings), sent as
+    they are: not checked (a producer's checks would refuse what a foreign producer
+    wrote), the lineage this task's; the registered task's other options not applied."""
+    countdown, eta = options.get("countdown"), options.get("eta")
     if countdown:
-        eta = now + timedelta(seconds=float(countdown))
+        countdown, eta = float(countdown), None
+    else:
+        countdown = None
+        eta = parse_time(eta) if isinstance(eta, str) else (
+            eta if isinstance(eta, datetime) else None)
     expires = options.get("expires")
-    expires_at = parse_time(expires) if isinstance(expires, str) else (
-        now + timedelta(seconds=float(expires)) if isinstance(expires, (int, float)) else None)
-    serializer = options.get("serializer") or app.settings.task_serializer
-    content_type, body = serialization.dumps((args, kwargs, embed), serializer)
-    a_repr, k_repr = args_repr(args, kwargs)
-    headers = task_headers(
-        task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
-        expires=expires_at, root_id=lineage["root_id"], parent_id=lineage["parent_id"],
-        group=options.get("group_id"), time_limit=options.get("time_limit"),
-        soft_time_limit=options.get("soft_time_limit"),
-        ignore_result=bool(options.get("ignore_result")),
-        extra=dict(options.get("headers") or {}) or None)
-    if options.get("group_index") is not None:
-        headers["group_index"] = options["group_index"]
-    packed = options.get("compression") or _task_compression(app, name) or \
-        app.settings.task_compression
-    if packed and len(body) <= app.settings.max_message_size:
-        if compression.known_name(packed):
-            headers[compression.HEADER], body = compression.compress(body, packed)
-        else:
-            logger.warning("Task %s[%s]: unknown compression %r in its options: sent "
-                           "uncompressed", name, task_id, packed)
-    priority = options.get("priority")
-    if priority is None:
-        priority = app.settings.task_default_priority
-    key = options.get("routing_key")
-    queue = options.get("queue") or (app.queue_for_key(key) if key else None) or \
-        app.route(name)
-    if not app.settings.task_create_missing_queues:
-        app.routing.check(queue)
-    delay = (eta - now).total_seconds() if eta is not None else None
-    message = Message(headers, body, content_type, "utf-8", task_properties(task_id, priority))
-    return queue, message, delay
+    if isinstance(expires, str):
+        expires = parse_time(expires)
+    elif not isinstance(expires, (int, float, datetime, timedelta)):
+        expires = None
+    return SendOptions(
+        countdown=countdown, eta=eta, expires=expires, queue=options.get("queue"),
+        routing_key=options.get("routing_key"), priority=options.get("priority"),
+        task_id=options.get("task_id"), headers=options.get("headers") or None,
+        serializer=options.get("serializer"),
+        compression=options.get("compression") or _task_compression(app, name),
+        time_limit=options.get("time_limit"), soft_time_limit=options.get("soft_time_limit"),
+        ignore_result=bool(options.get("ignore_result")), parent_id=lineage["parent_id"],
+        root_id=lineage["root_id"], group_id=options.get("group_id"),
+        group_index=options.get("group_index"), add_to_parent=False,
+        embed=embed if any(v is not None for v in embed.values()) else None)

@@ -1,5 +1,5 @@
-"""The pieces of a task message the app checks and builds before publishing: a bulk
-call's arguments, the priority, an absolute ``expires``, and the body (with an
+"""The pieces of a task message the producer checks and builds before publishing: a
+bulk call's arguments, the priority, an absolute ``expires``, and the body (with an
 ``EncodeError`` that names the argument that cannot be encoded)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import serialization
-from .errors import EncodeError
+from .. import serialization
+from ..errors import EncodeError
+from .options import EMPTY_EMBED
 
 
 def split_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:
@@ -38,10 +39,12 @@ def absolute_time(expires: float | timedelta | datetime | None, now: datetime) -
     raise TypeError(f"expires must be seconds, a timedelta or a datetime, got {expires!r}")
 
 
-def encode_body(name: str, args: list[Any], kwargs: dict[str, Any], serializer: str
-                 ) -> tuple[str, bytes]:
+def encode_body(name: str, args: list[Any], kwargs: dict[str, Any], serializer: str,
+                embed: Mapping[str, Any] | None = None) -> tuple[str, bytes]:
+    """``[args, kwargs, embed]`` encoded once (``embed`` over ``EMPTY_EMBED``)."""
     try:
-        return serialization.dumps((args, kwargs, EMPTY_EMBED), serializer)
+        return serialization.dumps(
+            (args, kwargs, {**EMPTY_EMBED, **embed} if embed else EMPTY_EMBED), serializer)
     except EncodeError as exc:
         failure = exc
     # Find the culprit so the message names the argument, not just the type.
@@ -64,7 +67,6 @@ def encode_body(name: str, args: list[Any], kwargs: dict[str, Any], serializer: 
                 f"cannot send {name}: {label} has type {type(value).__name__}, which the "
                 f"{serializer!r} serializer cannot encode ({exc.__cause__}); nothing was published"
             ) from exc
+    if embed:
+        raise failure  # the arguments encode: the embed (a signature's) does not
     raise EncodeError(f"cannot send {name}: arguments cannot be encoded with {serializer!r}")
-
-
-EMPTY_EMBED: dict[str, Any] = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}

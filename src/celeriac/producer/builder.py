@@ -1,0 +1,128 @@
+"""Building task messages: ``build`` (every send's hot path: arguments checked, lineage,
+the body encoded once with its embed, compression, headers, the queue) and ``prepare``
+(``build`` as an ``Outgoing``, the send recorded among the running task's children)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import UTC, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .. import compression as _compression
+from .. import result as _result
+from .. import tasks as _tasks  # partly imported here: its attributes read at call time
+from ..errors import ConfigurationError, MessageTooLarge
+from ..protocol import Message, new_id, task_headers, task_properties, utcnow
+from ..transports.base import Outgoing
+from .messages import absolute_time, encode_body
+from .options import SendOptions
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+
+logger = logging.getLogger("celeriac.producer")
+
+
+def prepare(app: Celeriac, name: str, args: Sequence[Any] | None,
+            kwargs: Mapping[str, Any] | None, options: SendOptions, *,
+            lenient: bool = False) -> Outgoing:
+    """The message ``send_task`` would publish, unpublished (a group publishes a chunk of
+    them per round trip; ``publish.publish_prepared``); recorded among the running task's
+    children as ``send_task`` does."""
+    message, queue, delay = build(app, name, args, kwargs, options, lenient=lenient)
+    if options.add_to_parent:
+        current = _tasks.current_request()
+        if current is not None:
+            current.add_child(_result.AsyncResult(message.headers["id"], app, name))
+    return Outgoing(queue, message, delay)
+
+
+def build(app: Celeriac, name: str, args: Sequence[Any] | None,
+          kwargs: Mapping[str, Any] | None, options: SendOptions, *,
+          lenient: bool = False) -> tuple[Message, str, float | None]:
+    """A task message, its queue and its delay (seconds, or None). ``options`` are
+    taken as checked (``SendOptions.check``). ``lenient`` is a worker's follow-up's
+    policy: a compression it cannot apply is logged and the message sent uncompressed,
+    where a producer raises and publishes nothing."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    # Exact types first: the ABC checks cost a microsecond each, on every message.
+    if args is not None and type(args) not in (tuple, list) and (
+            isinstance(args, (str, bytes)) or not isinstance(args, Sequence)):
+        raise TypeError(f"args must be a list or tuple, got {type(args).__name__}")
+    if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
+    o = options
+    if o.exchange is not None and not app.routing.allows(o.exchange, None):
+        raise ConfigurationError(f"send_task({name!r}): exchange={o.exchange!r} is not "
+                                 "supported: messages go to the queue named by queue= "
+                                 "or routing_key= (or bound by it in task_queues); "
+                                 "nothing was sent")
+    extra = dict(o.headers) if o.headers else {}
+    if o.shadow is not None:
+        extra["shadow"] = o.shadow
+    if o.group_id is not None:
+        extra["group"] = o.group_id
+    if o.group_index is not None:
+        extra["group_index"] = o.group_index
+    current = _tasks.current_request() if o.add_to_parent else None
+    if o.parent_id is not None or current is not None:
+        extra["parent_id"] = o.parent_id or (current.id if current else None)
+    if o.root_id is not None or current is not None:
+        extra["root_id"] = o.root_id or (current.root_id or current.id if current else None)
+    args, kwargs = list(args or ()), dict(kwargs or {})
+    task_id = o.task_id or new_id()
+    now = utcnow()
+    eta = o.eta
+    if o.countdown is not None:
+        eta = now + timedelta(seconds=o.countdown) if o.countdown > 0 else None
+    if eta is not None and eta.tzinfo is None:
+        eta = eta.replace(tzinfo=UTC)
+    delay = (eta - now).total_seconds() if eta is not None else None
+    settings = app.settings
+    serializer = o.serializer or settings.task_serializer
+    content_type, body = encode_body(name, args, kwargs, serializer, o.embed)
+    compression = o.compression or settings.task_compression
+    if compression is not None:
+        if lenient:
+            if len(body) <= settings.max_message_size:
+                if _compression.known_name(compression):
+                    extra[_compression.HEADER], body = _compression.compress(body, compression)
+                else:
+                    logger.warning("Task %s[%s]: unknown compression %r in its options: "
+                                   "sent uncompressed", name, task_id, compression)
+        elif len(body) > settings.max_message_size:
+            # A worker refuses what expands past it: say so here, as for a plain body.
+            raise MessageTooLarge(
+                f"message for task {name!r} is {len(body)} bytes before compression, "
+                f"over max_message_size={settings.max_message_size}; nothing was "
+                "published")
+        else:
+            try:
+                extra[_compression.HEADER], body = _compression.compress(body, compression)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
+                                         "published") from None
+    a_repr, k_repr = _tasks.args_repr(args, kwargs)
+    h = task_headers(
+        task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
+        expires=absolute_time(o.expires, now), retries=o.retries, time_limit=o.time_limit,
+        soft_time_limit=o.soft_time_limit, ignore_result=o.ignore_result,
+        extra=extra or None,
+    )
+    priority = o.priority
+    if priority is None:
+        priority = settings.task_default_priority
+    message = Message(h, body, content_type, "utf-8", task_properties(task_id, priority))
+    queue = o.queue or (app.queue_for_key(o.routing_key) if o.routing_key else None) \
+        or app.route(name)
+    if not settings.task_create_missing_queues:
+        try:
+            app.routing.check(queue)
+        except ConfigurationError as exc:
+            if lenient:
+                raise
+            raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
+                                     "published") from None
+    return message, queue, delay

@@ -1,0 +1,126 @@
+"""Publishing what ``build`` makes: ``send`` (one message: ``send_task``'s, a
+signature's), ``send_many`` (one task, many calls, in bulk round trips),
+``publish_prepared`` (messages made by ``prepare``: a group's, a chord's header), each
+with the ``before_publish``/``after_publish`` hooks, the publish's retry policy and the
+``task-sent`` event."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import result as _result
+from .. import tasks as _tasks  # see builder.py
+from .._net import retrying
+from ..transports.base import Outgoing
+from . import builder as _builder  # partly imported when tasks.py imports this module
+from .messages import split_call
+from .options import SendOptions
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
+    from ..protocol import Message
+
+
+def send(app: Celeriac, name: str, args: Sequence[Any] | None,
+         kwargs: Mapping[str, Any] | None, options: SendOptions) -> _result.AsyncResult[Any]:
+    """Build and publish one task message; its ``AsyncResult``."""
+    message, queue, delay = _builder.build(app, name, args, kwargs, options)
+    task_id = message.headers["id"]
+    if options.add_to_parent:
+        current = _tasks.current_request()
+        if current is not None:
+            current.add_child(_result.AsyncResult(task_id, app, name))
+    hooks = app.hooks
+    if hooks:
+        hooks.call("before_publish", message, queue)
+    if options.retry is None and options.retry_policy is None:
+        app.publisher.publish(queue, message, delay=delay)
+    else:
+        with _retrying(app, options.retry, options.retry_policy):
+            app.publisher.publish(queue, message, delay=delay)
+    if hooks:
+        hooks.call("after_publish", message, queue)
+    if app.settings.task_send_sent_event:
+        sent_event(app, message, queue)
+    return _result.AsyncResult(task_id, app, name)
+
+
+def _retrying(app: Celeriac, retry: bool | None, policy: Mapping[str, Any] | None) -> Any:
+    limit = (policy or {}).get("max_retries", app.settings.broker_connection_max_retries)
+    return retrying(retry if retry is not None else True, limit)
+
+
+def send_many(app: Celeriac, name: str,
+              calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]] | Sequence[Any]],
+              options: SendOptions, chunk_size: int) -> list[_result.AsyncResult[Any]]:
+    """One message per call (args, or ``(args, kwargs)``), each built before its chunk
+    is published (``chunk_size`` per round trip)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    results: list[_result.AsyncResult[Any]] = []
+    chunk: list[Outgoing] = []
+    for call in calls:
+        args, kwargs = split_call(call)
+        message, q, delay = _builder.build(app, name, args, kwargs, options)
+        chunk.append(Outgoing(q, message, delay))
+        results.append(_result.AsyncResult(message.headers["id"], app, name))
+        if len(chunk) >= chunk_size:
+            publish_chunk(app, chunk)
+            chunk = []
+    if chunk:
+        publish_chunk(app, chunk)
+    return results
+
+
+def publish_prepared(app: Celeriac, items: Iterable[Outgoing], *, chunk_size: int = 1000,
+                     retry: bool | None = None,
+                     retry_policy: Mapping[str, Any] | None = None) -> int:
+    """Publish messages made by ``prepare``, ``chunk_size`` per broker round trip (hooks
+    and ``task-sent`` events as ``send``); returns how many."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    sent = 0
+    chunk: list[Outgoing] = []
+
+    def flush() -> None:
+        if retry is None and retry_policy is None:
+            publish_chunk(app, chunk)
+            return
+        with _retrying(app, retry, retry_policy):
+            publish_chunk(app, chunk)
+
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= chunk_size:
+            flush()
+            sent, chunk = sent + len(chunk), []
+    if chunk:
+        flush()
+        sent += len(chunk)
+    return sent
+
+
+def publish_chunk(app: Celeriac, chunk: list[Outgoing]) -> None:
+    """One broker round trip, with the hooks and events of each message."""
+    if app.hooks:
+        for item in chunk:
+            app.hooks.call("before_publish", item.message, item.queue)
+    app.publisher.publish_many(chunk)
+    if app.hooks:
+        for item in chunk:
+            app.hooks.call("after_publish", item.message, item.queue)
+    if app.settings.task_send_sent_event:
+        for item in chunk:
+            sent_event(app, item.message, item.queue)
+
+
+def sent_event(app: Celeriac, message: Message, queue: str) -> None:
+    """The ``task-sent`` event (``task_send_sent_event``)."""
+    h = message.headers
+    fields: dict[str, Any] = {}
+    if not app.settings.events_hide_args:
+        fields["args"], fields["kwargs"] = h.get("argsrepr"), h.get("kwargsrepr")
+    app.events.send("task-sent", uuid=h["id"], name=h["task"], retries=h.get("retries"),
+                    eta=h.get("eta"), expires=h.get("expires"), queue=queue,
+                    root_id=h.get("root_id"), parent_id=h.get("parent_id"), **fields)
