@@ -93,7 +93,9 @@ def test_health_is_green_during_a_long_task_and_red_after_kill_9(
         app: Celeriac, start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
     path = tmp_path / "w.health"
     w = start_worker("w", "--health-file", str(path), "--without-gossip")
-    result = t.nap.delay(4.0)
+    # Longer than the checks by far: each probe is a new Python process, slow on a
+    # loaded machine, and every one must run while the task does.
+    result = t.nap.delay(10.0)
     wait_until(lambda: result.state == "STARTED", 10)
     checks = 0
     deadline = time.monotonic() + 3.0

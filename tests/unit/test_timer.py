@@ -32,21 +32,24 @@ def test_call_repeatedly_does_not_drift_and_survives_a_failing_callback(
                 done.set()
             if len(ticks) % 3 == 0:
                 raise RuntimeError("boom")
-            # A slow callback: with naive re-scheduling this would add up to drift.
-            end = timer.time() + 0.004
+            # A slow callback: with naive re-scheduling its 20 ms would add up to 0.2 s of
+            # drift over ten ticks.
+            end = timer.time() + 0.02
             while timer.time() < end:
                 pass
 
         start = timer.time()
-        entry = timer.call_repeatedly(0.02, tick)
+        entry = timer.call_repeatedly(0.05, tick)
         await asyncio.wait_for(done.wait(), 5)
         entry.cancel()
         return ticks, start
 
     ticks, start = asyncio.run(main())
     assert len(ticks) == 10
-    # Tick k lands on start + k*interval; its error does not accumulate.
-    assert ticks[-1] - start == pytest.approx(10 * 0.02, abs=0.015)
+    # Tick k lands on start + k*interval; its error does not accumulate. The bound is
+    # half the drift naive re-scheduling would show, and leaves a loaded machine's
+    # scheduling delay of the last tick room.
+    assert ticks[-1] - start == pytest.approx(10 * 0.05, abs=0.1)
     assert caplog.text.count("raised") == 3
 
 
