@@ -31,6 +31,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy src
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	@scripts/services.sh
@@ -43,4 +44,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache celeriac.db* site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache celeriac.db* site

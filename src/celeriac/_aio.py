@@ -119,7 +119,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 def new_loop() -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when it is installed."""
-    try:
+    try:  # deferred: uvloop is optional
         import uvloop
     except ImportError:
         return asyncio.new_event_loop()

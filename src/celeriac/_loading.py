@@ -28,7 +28,7 @@ def load_object(obj: object | str) -> object:
 
 
 def django_apps() -> list[str]:
-    try:
+    try:  # deferred: Django is optional
         from django.conf import settings  # type: ignore[import-not-found]
     except ImportError:
         return []

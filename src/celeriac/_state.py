@@ -22,6 +22,9 @@ _lock = threading.Lock()
 _apps: weakref.WeakSet[Celeriac] = weakref.WeakSet()
 _current: Celeriac | None = None
 _shared: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+_default_app: Callable[[], Celeriac] | None = None
+"""Makes the default app; ``app.py`` sets it (``set_default_app``) as it is imported, which
+``import celeriac`` does first, so this module never imports the app (it is below it)."""
 
 
 def register_app(app: Celeriac, make_current: bool) -> None:
@@ -40,13 +43,18 @@ def set_current(app: Celeriac) -> None:
     _current = app
 
 
+def set_default_app(factory: Callable[[], Celeriac]) -> None:
+    global _default_app
+    _default_app = factory
+
+
 def get_current_app() -> Celeriac:
     """The app made last (or set with ``app.set_current()``); a default app if none."""
     app = _current
     if app is None:
-        from .app import Celeriac
-
-        app = Celeriac()  # registers itself as current
+        if _default_app is None:  # pragma: no cover - app.py is imported with the package
+            raise RuntimeError("celeriac.app is not imported")
+        app = _default_app()  # registers itself as current
     return app
 
 

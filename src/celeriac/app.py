@@ -23,6 +23,7 @@ from . import _state, config, producer, serialization, signals
 from . import compression as _compression
 from . import result as _result
 from ._loading import django_apps, load_object
+from ._rates import parse_rate
 from .backends.base import ResultBackend, create_backend
 from .canvas import Signature, register_builtins
 from .canvas import signature as _signature
@@ -209,7 +210,7 @@ class Celeriac:
         """This process's dispatcher of producer events (``task-sent``)."""
         if self._events is None or self._pid != os.getpid():
             self._reset_after_fork()
-            from .events import EventDispatcher
+            from .events import EventDispatcher  # deferred: see _lazy_services
 
             self._events = EventDispatcher(self, groups=("task",))
         return self._events
@@ -219,7 +220,7 @@ class Celeriac:
         """Remote control of the workers (Celery's ``app.control``): ``inspect()``,
         ``ping()``, ``revoke()``, ``rate_limit()``, ``broadcast()``..."""
         if self._control is None:
-            from .control import Control
+            from .control import Control  # deferred: see _lazy_services
 
             self._control = Control(self)
         return self._control
@@ -482,7 +483,7 @@ class Celeriac:
                           **options: Any) -> str:
         """Celery's ``add_periodic_task``: run ``sig`` (a signature, a task or a task
         name, with ``args``/``kwargs``) on ``schedule``; returns the entry's name."""
-        from .beat.entries import from_periodic
+        from .beat.entries import from_periodic  # deferred: see _lazy_services
 
         entry = from_periodic(schedule, sig, args, kwargs, name, options)
         self._periodic[entry.name] = entry
@@ -492,13 +493,13 @@ class Celeriac:
     def beat(self) -> Any:
         """``celeriac.beat.BeatAPI``: list, add, remove, enable, disable, run entries in
         the shared store, at runtime."""
-        from .beat.api import api_for
+        from .beat.api import api_for  # deferred: see _lazy_services
 
         return api_for(self)
 
     # -- worker ---------------------------------------------------------------------------
     def worker(self, **options: Any) -> Worker:
-        from .worker import Worker
+        from .worker import Worker  # deferred: see _lazy_services
 
         return Worker(self, **options)
 
@@ -522,8 +523,6 @@ def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
             raise ConfigurationError(f"task {name!r}: compression: {exc}") from None
     for option in ("rate_limit", "global_rate_limit"):
         if options.get(option) is not None:
-            from .worker.ratelimit import parse_rate
-
             try:
                 parse_rate(options[option])
             except ValueError as exc:
@@ -532,3 +531,14 @@ def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
     if isinstance(autoretry, list):
         options["autoretry_for"] = tuple(autoretry)
     return TaskOptions(name=name, **options)
+
+
+# ``current_app`` with no app made yet makes this one; registered from here, above it.
+_state.set_default_app(Celeriac)
+
+_lazy_services = None
+"""Why the facade imports the services (worker, beat, control, events) inside the methods
+that reach them, though they sit below it in the layers: a producer (``import celeriac``,
+``task.delay()``) never uses them, and importing them costs about a third of
+``import celeriac``'s time. These are the only function-level imports of celeriac's own
+modules kept for that reason."""

@@ -144,6 +144,9 @@ class chunks(Signature):
         return group([xstarmap(task, it[i:i + n], app=self._app)
                       for i in range(0, len(it), n)], app=self._app, **self.options)
 
+    def _unrolled(self) -> Signature:
+        return self.group()
+
     def __call__(self, *args: Any, **options: Any) -> GroupResult:
         return self.apply_async(**options)
 

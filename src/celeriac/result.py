@@ -10,7 +10,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from . import errors, states
+from ._state import get_current_app
+from .backends.base import GROUP_KEY_PREFIX as GROUP_KEY_PREFIX
 from .backends.base import ResultMeta
+from .backends.base import tuple_id as tuple_id
 from .errors import IncompleteStream, ResultTimeout, TaskFailed, TaskRevoked
 
 if TYPE_CHECKING:
@@ -278,12 +281,6 @@ class EagerResult(AsyncResult[R]):
         pass
 
 
-GROUP_KEY_PREFIX = "celeriac-group-meta-"
-"""``GroupResult.save`` stores a group's member ids as the result of the key
-``GROUP_KEY_PREFIX + group_id``: an ordinary stored result (state SUCCESS, value
-``{"group_id", "results": [ids]}``), so every backend keeps it, and expires it, as it does
-task results, and the group id itself never looks like a finished task."""
-
 _READ_BATCH = 500
 """Ids per backend read (what ``wait_for`` reads at once too)."""
 
@@ -301,8 +298,6 @@ class GroupResult:
         self.id = id
         self.results: list[AsyncResult[Any]] = list(results or ())
         if app is None:
-            from ._state import get_current_app
-
             app = self.results[0].app if self.results else get_current_app()
         self.app = app
         self.parent = parent
@@ -429,21 +424,12 @@ class GroupResult:
     def restore(cls, id: str, app: Celeriac | None = None) -> GroupResult | None:
         """The group ``save`` stored under ``id``; None if none is (or it expired)."""
         if app is None:
-            from ._state import get_current_app
-
             app = get_current_app()
         meta = app.backend.get(GROUP_KEY_PREFIX + id)
         if meta is None or not isinstance(meta.result, dict):
             return None
         ids = meta.result.get("results") or []
         return cls(id, [AsyncResult(str(i), app) for i in ids], app)
-
-
-def tuple_id(node: Any) -> str:
-    """The task id of a result tuple ``[[id, parent], children]`` (or a bare id)."""
-    while isinstance(node, list | tuple):
-        node = node[0]
-    return str(node)
 
 
 def result_from_tuple(value: Any, app: Celeriac) -> AsyncResult[Any] | GroupResult:

@@ -15,6 +15,7 @@ There are no exchanges here: a message goes to one queue, by name.
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -133,8 +134,6 @@ def _router(item: Any, routing: Routing) -> Router:
         globs = [(k, v) for k, v in table.items() if k not in exact]
 
         def by_table(task: str) -> str | None:
-            import fnmatch
-
             if task in exact:
                 return exact[task]
             return next((q for pattern, q in globs if fnmatch.fnmatchcase(task, pattern)),

@@ -43,7 +43,7 @@ def _json_dumps(obj: Any) -> bytes:
 
 
 def _msgpack_dumps(obj: Any) -> bytes:
-    import msgpack
+    import msgpack  # deferred here and below: msgpack is optional (the msgpack extra)
 
     return bytes(msgpack.packb(obj, use_bin_type=True, datetime=False))
 

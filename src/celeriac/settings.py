@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import compression
+from ._rates import parse_rate
 from .compat.names import DEFAULTS as CELERY_DEFAULTS
 from .config import annotators, coerce, from_mapping, object_values, translate
 from .errors import ConfigurationError
@@ -411,8 +412,6 @@ _HINTS = typing.get_type_hints(Settings)
 def _check_rate(name: str, value: Any) -> None:
     if value is None:
         return
-    from .worker.ratelimit import parse_rate
-
     try:
         parse_rate(value)
     except ValueError as exc:

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from . import states
+from . import compression, serialization, states
 from .hooks import Hooks
 
 if TYPE_CHECKING:
@@ -237,8 +237,6 @@ class SignalHooks(Hooks):
 
 def _body(message: Message, limit: int) -> Any:
     # Celery passes the decoded body; decoding is only paid when someone listens.
-    from . import compression, serialization
-
     try:
         body, packed = message.body, message.headers.get(compression.HEADER)
         if packed is not None:

@@ -8,26 +8,33 @@ import enum
 import inspect
 import logging
 import random
-import reprlib
 import traceback as tb
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
 
 from . import states
+from ._aio import run_sync
+from ._progress import RUNNING
+from ._request import Request as Request
+from ._request import _current
+from ._request import args_repr as args_repr
+from ._request import current_request as current_request
+from ._request import short_repr as short_repr
 from .backends.base import ResultMeta
 from .errors import Ignore, MaxRetriesExceededError, Retry
 from .producer import publish as _publish
 from .producer.options import SEND_OPTIONS, SendOptions
 from .protocol import new_id
+from .result import AsyncResult, EagerResult
+from .signals import ExceptionInfo
 
 if TYPE_CHECKING:
     from ._aio import Guard
     from .app import Celeriac
     from .builtins import chunks, xmap, xstarmap
     from .canvas import Signature
-    from .result import AsyncResult
 
 logger = logging.getLogger("celeriac.tasks")
 
@@ -35,57 +42,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-_current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
-    "celeriac.current_request", default=None)
-
 HANDLERS = ("before_start", "on_success", "on_failure", "on_retry", "after_return")
 """Celery's Task methods a ``base=`` class may override; called where the task runs."""
-
-
-def current_request() -> Request | None:
-    """The request of the task running in this thread (or coroutine), if any: what a
-    message sent from inside a task takes its ``parent_id`` and ``root_id`` from."""
-    return _current.get()
-
-
-_repr = reprlib.Repr()
-_repr.maxstring = 256
-_repr.maxother = 256
-
-
-@dataclass(slots=False)
-class Request:
-    """What ``self.request`` shows a bound task about the current call."""
-
-    id: str = ""
-    task: str = ""
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    retries: int = 0
-    eta: str | None = None
-    expires: str | None = None
-    root_id: str | None = None
-    parent_id: str | None = None
-    group: str | None = None
-    hostname: str | None = None
-    delivery_info: Mapping[str, Any] = field(default_factory=dict)
-    headers: Mapping[str, Any] = field(default_factory=dict)
-    timelimit: tuple[float | None, float | None] = (None, None)
-    is_eager: bool = False
-    called_directly: bool = True
-    children: list[Any] | None = None
-    """What this call sent, as result tuples: stored with its result (``children``)."""
-
-    def add_child(self, result: Any) -> None:
-        """Record a result this call sent (Celery's ``add_trail``)."""
-        if self.children is None:
-            self.children = []
-        self.children.append(result.as_tuple())
-
-    @property
-    def name(self) -> str:
-        """The task's name (Celery's worker-side request calls it ``name``)."""
-        return self.task
 
 
 class _Default(enum.Enum):
@@ -191,8 +149,6 @@ class Task(Generic[P, R]):
 
     def call_handlers(self, request: Request, state: str | None, retval: Any) -> None:
         """``on_success`` / ``on_failure`` / ``on_retry``, then ``after_return``."""
-        from .signals import ExceptionInfo
-
         exc = retval if isinstance(retval, BaseException) else None
         einfo = ExceptionInfo(exc) if exc is not None else None
         args, kwargs = request.args, request.kwargs
@@ -443,8 +399,6 @@ class Task(Generic[P, R]):
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
               *, task_id: str | None = None) -> AsyncResult[R]:
         """Run the task here and now (eager), retries included; nothing is sent."""
-        from .result import EagerResult
-
         task_id = task_id or new_id()
         args, kwargs = list(args or ()), dict(kwargs or {})
         retries = 0
@@ -459,8 +413,6 @@ class Task(Generic[P, R]):
                     hooks.call("before_task", request)
                 try:
                     if self.is_async:
-                        from ._aio import run_sync
-
                         value = run_sync(self.arun_with(request, args, kwargs))
                     else:
                         value = self.run_with(request, args, kwargs)
@@ -509,10 +461,6 @@ class Task(Generic[P, R]):
             raise TypeError(f"update_state() got unexpected keyword argument(s): "
                             f"{', '.join(sorted(kwargs))}")
         self.app.backend.store(task_id, state, meta, retries=self.request.retries)
-        # Imported here: tasks.py is imported before anything that executes tasks, and
-        # the lookup finds nothing unless an executor registered the task (_progress).
-        from ._progress import RUNNING
-
         reporter = RUNNING.get(task_id)
         if reporter is not None:
             reporter.report(task_id, state, meta)
@@ -567,17 +515,6 @@ class Task(Generic[P, R]):
 
     def should_autoretry(self, exc: BaseException) -> bool:
         return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
-
-
-def short_repr(value: Any) -> str:
-    """``repr`` with long strings, containers and objects cut short (about 256 chars)."""
-    return _repr.repr(value)
-
-
-def args_repr(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
-    # No arguments is common (and bulk sends repeat it): skip reprlib's machinery.
-    return (_repr.repr(tuple(args)) if args else "()",
-            _repr.repr(dict(kwargs)) if kwargs else "{}")
 
 
 def _eager_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:

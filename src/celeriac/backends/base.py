@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .. import compression, serialization, states
 from .._schemes import SchemeRegistry
+from ..compat.layouts import BACKEND_LAYOUTS, lookup
 from ..errors import DecodeError, EncodeError
 
 if TYPE_CHECKING:
@@ -61,6 +62,20 @@ class Stored(NamedTuple):
     data: bytes
     expires_at: float | None
     """Unix time, or None: never expires."""
+
+
+GROUP_KEY_PREFIX = "celeriac-group-meta-"
+"""``GroupResult.save`` stores a group's member ids as the result of the key
+``GROUP_KEY_PREFIX + group_id``: an ordinary stored result (state SUCCESS, value
+``{"group_id", "results": [ids]}``), so every backend keeps it, and expires it, as it does
+task results, and the group id itself never looks like a finished task."""
+
+
+def tuple_id(node: Any) -> str:
+    """The task id of a result tuple ``[[id, parent], children]`` (or a bare id)."""
+    while isinstance(node, list | tuple):
+        node = node[0]
+    return str(node)
 
 
 def exception_to_dict(exc: BaseException) -> dict[str, Any]:
@@ -337,8 +352,6 @@ def known_schemes() -> list[str]:
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    from ..compat.layouts import BACKEND_LAYOUTS, lookup
-
     chosen: type[ResultBackend] | None = lookup(url, BACKEND_LAYOUTS, "result backend")
     return chosen if chosen is not None else BACKENDS.lookup(url)
 

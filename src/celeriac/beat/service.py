@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import schedules
 from ..errors import CeleriacError
+from ..events import EventDispatcher
 from ..stores import BEAT_LEASE, SharedStore, open_store, run_key
 from .entries import BeatEntry, bind_tz, entries_from_settings
 
 if TYPE_CHECKING:
     from ..app import Celeriac
-    from ..events import EventDispatcher
 
 logger = logging.getLogger("celeriac.beat")
 
@@ -253,8 +253,6 @@ class Beat:
         if not self._events_on:
             return
         if self._events is None:
-            from ..events import EventDispatcher
-
             self._events = EventDispatcher(self.app, hostname=self.hostname,
                                            groups=("beat",), buffer_groups=())
         self._events.send(type_, **fields)

@@ -8,12 +8,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from .. import _state
+from .._request import current_request
 from .._state import SharedTask
 from ..errors import NotRegistered
 from ..producer import SendOptions, prepare, send
 from ..protocol import new_id
 from ..result import AsyncResult, GroupResult
-from ..tasks import Task, current_request
+from ..tasks import Task
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -216,6 +217,11 @@ class Signature(dict[str, Any]):
 
     def __ior__(self, other: Any) -> Any:
         return self.__or__(other)
+
+    def _unrolled(self) -> Signature:
+        """What this stands for as a step of a chain or a member of a group: itself
+        (``chunks``, defined above this package, is its group)."""
+        return self
 
     def __repr__(self) -> str:
         parts = [*map(repr, self.args), *(f"{k}={v!r}" for k, v in self.kwargs.items())]

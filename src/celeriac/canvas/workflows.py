@@ -66,8 +66,6 @@ class chain(Signature):
                ) -> list[Signature]:
         """The steps, copied, nested chains spliced in, the partial arguments given to
         the first."""
-        from ..builtins import chunks
-
         steps: list[Signature] = []
         pending = [s.clone() for s in self.tasks]
         while pending:
@@ -75,7 +73,7 @@ class chain(Signature):
             if isinstance(step, chain):
                 pending[:0] = step.tasks
             else:
-                steps.append(step.group() if isinstance(step, chunks) else step)
+                steps.append(step._unrolled())
         if not steps:
             raise ValueError("cannot apply an empty chain")
         if args or kwargs or self.args:
@@ -235,11 +233,8 @@ class group(Signature):
     def _flat(self) -> Iterator[Signature]:
         """The members, nested groups (and chunks) flattened; not copied: sending and
         ``apply`` apply partial arguments without changing a member."""
-        from ..builtins import chunks
-
         for member in self.tasks:
-            if isinstance(member, chunks):
-                member = member.group()
+            member = member._unrolled()
             if isinstance(member, group):
                 yield from member._flat()
             else:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import schedules
+from ..beat.runner import run_standalone
 from .loader import AppLoader
 from .worker import LEVELS, setup_logging
 
@@ -60,8 +61,6 @@ def beat(ctx: click.Context, max_interval: float | None, loglevel: str) -> None:
     setup_logging(loglevel)
     if ctx.invoked_subcommand is not None:
         return
-    from ..beat.runner import run_standalone
-
     app = ctx.obj()
     app.finalize()
     sys.exit(asyncio.run(run_standalone(app, max_interval)))

@@ -8,8 +8,11 @@ from types import FrameType
 
 import click
 
+from .. import dashboard as _dashboard
 from ..dashboard import EXTRA
+from ..dashboard.security import LOOPBACK_HOSTS, parse_basic_auth
 from .loader import AppLoader
+from .worker import setup_logging
 
 logger = logging.getLogger("celeriac.dashboard")
 
@@ -33,8 +36,6 @@ def _auth(ctx: click.Context, param: click.Parameter, value: str | None
           ) -> tuple[str, str] | None:
     if not value:
         return None
-    from ..dashboard.security import parse_basic_auth
-
     try:
         return parse_basic_auth(value)
     except ValueError as exc:
@@ -81,14 +82,12 @@ def dashboard(load: AppLoader, host: str, port: int, auth: tuple[str, str] | Non
             "would see task arguments, results and tracebacks (use --basic-auth, or "
             "--insecure-bind if another layer protects it)")
     try:
+        # Deferred: the dashboard extra (uvicorn, starlette) is optional.
         import uvicorn
 
-        from ..dashboard import create_app, require_dependencies
-        require_dependencies()
+        _dashboard.require_dependencies()
     except ImportError as exc:
         raise click.ClickException(f"the dashboard needs {exc.name}: {EXTRA}") from None
-
-    from .worker import setup_logging
 
     setup_logging(loglevel)
     app = load()
@@ -97,10 +96,9 @@ def dashboard(load: AppLoader, host: str, port: int, auth: tuple[str, str] | Non
     if hosts is None and loopback and auth is None:
         # Without auth, loopback is the only protection; a DNS-rebinding page in the
         # user's browser would otherwise reach it under its own name.
-        from ..dashboard.security import LOOPBACK_HOSTS
         hosts = list(LOOPBACK_HOSTS)
-    web = create_app(app, auth=auth, queues=_names(queues), allowed_hosts=hosts,
-                     read_only=read_only)
+    web = _dashboard.create_app(app, auth=auth, queues=_names(queues), allowed_hosts=hosts,
+                                read_only=read_only)
     shown = f"[{host}]" if ":" in host else host
     logger.info("celeriac dashboard on http://%s:%d/ (%s, %s)", shown, port,
                 f"basic auth as {auth[0]!r}" if auth else "no auth",

@@ -170,7 +170,7 @@ def _keys(stop: asyncio.Event) -> Iterator[None]:
     if not sys.stdin.isatty():
         yield
         return
-    import termios
+    import termios  # deferred: Unix only
     import tty
 
     fd = sys.stdin.fileno()

@@ -20,6 +20,7 @@ import click
 
 from .nodenames import NODENAME_DEFAULT, node_format, worker_hostname
 from .pidfile import alive, read_pid
+from .worker import worker
 
 ACTIONS = ("start", "stop", "stopwait", "restart", "kill", "show", "names")
 DEFAULT_PIDFILE = "%n.pid"
@@ -51,8 +52,6 @@ class Node:
 def _worker_options() -> dict[str, bool]:
     """Every worker option, and whether it takes a value: so that in ``-c 2 w3`` the
     ``2`` is known to be a value and ``w3`` a node name."""
-    from .worker import worker
-
     known: dict[str, bool] = {}
     for param in worker.params:
         if isinstance(param, click.Option):

@@ -40,7 +40,7 @@ def python_shell(ns: dict[str, Any]) -> None:
     if sys.stdin.isatty():
         # Tab completion over the namespace, as Celery's fallback shell sets it up;
         # readline on a pipe would only write terminal control codes into the output.
-        try:
+        try:  # deferred: readline is optional (absent on some builds)
             import readline
             import rlcompleter
         except ImportError:

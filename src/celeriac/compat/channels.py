@@ -32,9 +32,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..control.mailbox import CONTROL_CHANNEL
-from ..events.dispatcher import EVENTS_CHANNEL
-from ..transports.base import PRIVATE_PREFIX, Subscription
+from ..transports.base import CONTROL_CHANNEL, EVENTS_CHANNEL, PRIVATE_PREFIX, Subscription
 from . import events as celery_wire
 from . import pidbox
 from .kombu_wire import Exchange

@@ -51,9 +51,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
-from ..backends.base import ResultBackend, Stored
+from ..backends.base import GROUP_KEY_PREFIX, ResultBackend, Stored, tuple_id
 from ..errors import BrokerUnavailable, DecodeError
-from ..result import GROUP_KEY_PREFIX, tuple_id
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..control.mailbox import REPLY_EXCHANGE as CELERIAC_REPLY_EXCHANGE
+from ..transports.base import REPLY_EXCHANGE as CELERIAC_REPLY_EXCHANGE
 from .kombu_wire import Exchange
 from .layouts import layout
 

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 from .. import states
-from ..backends.base import ResultBackend, Stored
+from ..backends.base import GROUP_KEY_PREFIX, ResultBackend, Stored, tuple_id
 from ..errors import ConfigurationError
 from ..redisclient import Connector
-from ..result import GROUP_KEY_PREFIX, tuple_id
+from .redis_broker import split_options
 
 if TYPE_CHECKING:
     import redis
@@ -124,8 +124,6 @@ class CeleryRedisBackend(ResultBackend):
             raise ConfigurationError(
                 f"result_serializer={settings.result_serializer!r}: Celery's result layout "
                 "is written in JSON here (Celery's default); set result_serializer='json'")
-        from .redis_broker import split_options
-
         split = [split_options(u) for u in url.split(";") if u.strip()]
         urls = [plain for plain, _ in split]
         self.conn = Connector(urls, settings, "result backend",

@@ -29,16 +29,16 @@ from __future__ import annotations
 import importlib
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import pytest
 
-if TYPE_CHECKING:
-    # Imported in the fixtures instead: the plugin loads in every pytest run of an
-    # environment with celeriac installed, and most of those never use it.
-    from celeriac.app import Celeriac
-    from celeriac.settings import Settings
-    from celeriac.testing import ThreadedWorker
+# The plugin loads in every pytest run of an environment with celeriac installed; this
+# module's package, ``celeriac``, imports all of these but ``testing`` (standard modules).
+from celeriac.app import Celeriac
+from celeriac.settings import Settings
+from celeriac.tasks import Task
+from celeriac.testing import ThreadedWorker
 
 DEFAULT_CONFIG: Mapping[str, Any] = {"broker_url": "memory://"}
 """The in-process broker; with no ``result_backend``, results go to the same place."""
@@ -158,8 +158,6 @@ def celeriac_worker(celery_app: Celeriac, celeriac_worker_pool: str,
     fixture started still runs. Any broker works; with ``memory://`` the worker must be in
     this process, which it is.
     """
-    from celeriac.testing import ThreadedWorker
-
     worker = ThreadedWorker(celery_app, **{"pool": celeriac_worker_pool,
                                            **celeriac_worker_parameters})
     try:
@@ -187,12 +185,9 @@ def create_app(config: Mapping[str, Any], parameters: Mapping[str, Any],
     """An app from settings ``config``, ``Celeriac()`` keywords ``parameters`` and
     marker ``overrides``; later ones win: ``parameters["settings"]``, ``config``, the
     other parameters, ``overrides``."""
-    from celeriac.app import Celeriac
-    from celeriac.settings import Settings as _Settings
-
     params = dict(parameters)
     main: str | None = params.pop("main", DEFAULT_MAIN)
-    base: Settings = params.pop("settings", None) or _Settings()
+    base: Settings = params.pop("settings", None) or Settings()
     # Celeriac() lets broker=/backend= beat any setting; here a marker must beat them, so
     # they become the settings they stand for.
     if "broker" in params:
@@ -237,8 +232,6 @@ def marker_settings(node: Marked) -> dict[str, Any]:
 
 def include(app: Celeriac, modules: Sequence[str]) -> None:
     """Import ``modules`` and register on ``app`` the tasks at their top level."""
-    from celeriac.tasks import Task
-
     for name in modules:
         module = importlib.import_module(name)
         for value in list(vars(module).values()):

@@ -20,14 +20,20 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._state import current_app
 from ..compat.pidbox import reply_exchange_for
+from ..transports.base import Transport, create_transport
+
+# The command families register themselves with the registry as they are imported:
+# from here, above both, so that the registry imports neither.
+from . import control_commands, inspect_commands  # noqa: F401
 from .mailbox import CONTROL_CHANNEL, encode_command, new_ticket, reply_channel
 from .mailbox import decode_reply as _decode_reply
+from .store import store_for
 
 if TYPE_CHECKING:
     from ..app import Celeriac
     from ..stores import SharedStore
-    from ..transports.base import Transport
 
 T = TypeVar("T")
 Reply = dict[str, Any]
@@ -79,8 +85,6 @@ class Control:
 
     def _get_transport(self) -> Transport:
         if self._transport is None:
-            from ..transports.base import create_transport
-
             self.app.finalize()
             self._transport = create_transport(self.app.settings.broker_url,
                                                self.app.settings)
@@ -173,8 +177,6 @@ class Control:
 
     def record_revoked(self, ids: Sequence[str]) -> None:
         """Write ``ids`` to the shared store's revoked ids (where there is one)."""
-        from .store import store_for
-
         if not ids:
             return
         with self._lock:
@@ -290,8 +292,6 @@ class Inspect:
                  limit: int | None = None, pattern: str | None = None,
                  matcher: str | None = None) -> None:
         if app is None:
-            from .._state import current_app
-
             app = current_app()
         self.app = app
         self.destination = destination

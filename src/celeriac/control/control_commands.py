@@ -10,11 +10,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import ControlError
+from ..events import EventDispatcher
 from .mailbox import error, ok
 from .registry import control_command
 
 if TYPE_CHECKING:
-    from ..worker.autoscale import Autoscaler
     from ..worker.consumer import Consumer
     from ..worker.control import ControlState
     from ..worker.pool.prefork import PreforkPool
@@ -32,10 +32,8 @@ def _consumer(state: ControlState, command: str) -> Consumer:
 
 
 def _prefork(state: ControlState, command: str) -> PreforkPool:
-    from ..worker.pool.prefork import PreforkPool
-
-    pool = state.pool
-    if not isinstance(pool, PreforkPool):
+    pool = state.prefork_pool
+    if pool is None:
         raise ControlError(f"{command}: the {state.worker.pool_name} pool cannot be resized "
                            "(use prefork)")
     if pool.closing:
@@ -94,7 +92,7 @@ def pool_grow(state: ControlState, n: int = 1) -> Reply:
     if n < 1:
         raise ControlError(f"pool_grow: argument 'n' must be >= 1, got {n!r}")
     pool = _prefork(state, "pool_grow")
-    scaler = _autoscaler(state)
+    scaler = state.autoscaler
     if scaler is not None:
         scaler.max = max(scaler.max, pool.concurrency + n)
     pool.grow(n)
@@ -108,18 +106,11 @@ def pool_shrink(state: ControlState, n: int = 1) -> Reply:
     pool = _prefork(state, "pool_shrink")
     if pool.concurrency <= 1:
         raise ControlError("pool_shrink: the pool has one child; it cannot shrink")
-    scaler = _autoscaler(state)
+    scaler = state.autoscaler
     if scaler is not None:
         scaler.min = max(1, min(scaler.min, pool.concurrency - n))
     pool.shrink(n)
     return ok("pool will shrink")
-
-
-def _autoscaler(state: ControlState) -> Autoscaler | None:
-    from ..worker.autoscale import Autoscaler
-
-    step = state.worker.steps.get(Autoscaler)
-    return step if isinstance(step, Autoscaler) and step.entry is not None else None
 
 
 @control_command(args=[("max", int), ("min", int)],
@@ -128,7 +119,7 @@ def autoscale(state: ControlState, max: int, min: int) -> Reply:
     if not 1 <= min <= max:
         raise ControlError(f"autoscale: arguments must be 1 <= min <= max, got max={max!r} "
                            f"min={min!r}")
-    scaler = _autoscaler(state)
+    scaler = state.autoscaler
     if scaler is None:
         raise ControlError("autoscale: this worker was not started with --autoscale")
     scaler.max, scaler.min = max, min
@@ -161,9 +152,6 @@ def cancel_consumer(state: ControlState, queue: str) -> Reply:
 
 @control_command(help="Send task events (as -E).")
 def enable_events(state: ControlState) -> Reply:
-    from ..events import EventDispatcher
-    from ..worker.task_events import TaskEvents
-
     w = state.worker
     consumer = _consumer(state, "enable_events")
     if consumer.events is not None:
@@ -172,7 +160,7 @@ def enable_events(state: ControlState) -> Reply:
         w.events = EventDispatcher(w.app, hostname=w.hostname, groups={"task"})
     elif w.events.groups is not None and "task" not in w.events.groups:
         w.events.groups = {*w.events.groups, "task"}
-    consumer.events = TaskEvents(w.events, w.app.settings.events_hide_args)
+    consumer.events = state.task_events(w.events)
     consumer.events.loop = asyncio.get_running_loop()
     w.task_events = True
     if state.pool is not None:
@@ -194,10 +182,8 @@ def disable_events(state: ControlState) -> Reply:
 
 @control_command(help="Send a worker-heartbeat event now.")
 def heartbeat(state: ControlState) -> Reply:
-    from ..worker.heart import Heart
-
-    step = state.worker.steps.get(Heart)
-    if not isinstance(step, Heart) or state.worker.events is None:
+    step = state.heart
+    if step is None or state.worker.events is None:
         raise ControlError("heartbeat: this worker sends no worker events")
     step.send("worker-heartbeat")
     return ok("heartbeat sent")

@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 from ..__about__ import __version__
 from .._net import mask_password
+from .._report import _describe, censor, installed_clients, mask_url, settings_lines
+from ..settings import Settings
 from .mailbox import ok
 from .registry import inspect_command
 
@@ -47,13 +49,12 @@ def job_info(state: ControlState, job: Job, *, started: float | None = None,
 
 def active_jobs(state: ControlState) -> list[tuple[Job, float | None, int | None]]:
     """(job, started at (time.time()), pid) of every job in the pool."""
-    pool = state.pool
-    if pool is None:
+    any_pool = state.pool
+    if any_pool is None:
         return []
-    from ..worker.pool.prefork import PreforkPool
-
-    if not isinstance(pool, PreforkPool):  # solo: the task runs in this process
-        return [(job, None, os.getpid()) for job in pool.running()]
+    pool = state.prefork_pool
+    if pool is None:  # solo: the task runs in this process
+        return [(job, None, os.getpid()) for job in any_pool.running()]
     children = pool.children
     loop_now, wall_now = pool.clock.time(), time.time()
     out: list[tuple[Job, float | None, int | None]] = []
@@ -174,9 +175,6 @@ def active_queues(state: ControlState) -> list[Info]:
                  help="The worker's settings (secrets masked); changed ones only unless "
                       "with_defaults.")
 def conf(state: ControlState, with_defaults: bool = False) -> Info:
-    from ..cli.report import _describe, censor
-    from ..settings import Settings
-
     settings, defaults = state.app.settings, Settings()
     out: Info = {}
     for f in dataclasses.fields(settings):
@@ -215,8 +213,6 @@ def query_task(state: ControlState, ids: list[str]) -> dict[str, list[Any]]:
 
 @inspect_command(help="Versions and settings for a bug report (secrets masked).")
 def report(state: ControlState) -> dict[str, str]:
-    from ..cli.report import installed_clients, mask_url, settings_lines
-
     s = state.app.settings
     lines = [
         f"software -> celeriac:{__version__} py:{platform.python_version()}",

@@ -35,11 +35,10 @@ from typing import Any
 import orjson
 
 from ..errors import ControlError
+from ..transports.base import CONTROL_CHANNEL as CONTROL_CHANNEL
 from ..transports.base import PRIVATE_PREFIX
+from ..transports.base import REPLY_EXCHANGE as REPLY_EXCHANGE
 
-CONTROL_CHANNEL = "celeriac.control"
-"""Where commands are broadcast (every worker subscribes)."""
-REPLY_EXCHANGE = "celeriac.reply"
 REPLY_PREFIX = PRIVATE_PREFIX
 """A reply channel is this prefix plus the call's ticket (a private channel)."""
 MAX_TICKETS = 10_000

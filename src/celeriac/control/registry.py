@@ -122,9 +122,8 @@ def control_command(name: str | None = None, *, args: Sequence[tuple[str, ArgTyp
 
 
 def load() -> dict[str, CommandSpec]:
-    """Every built-in command, registered (importing the families registers them)."""
-    from . import control_commands, inspect_commands  # noqa: F401
-
+    """Every built-in command, registered (``celeriac.control``, imported before this
+    module, imports the families, which registers them)."""
     return COMMANDS
 
 

@@ -51,6 +51,7 @@ def require_dependencies() -> None:
 def create_app(*args: Any, **kwargs: Any) -> Starlette:
     """Build the dashboard's ASGI app; see ``celeriac.dashboard.web.create_app``."""
     require_dependencies()
+    # Deferred: web.py needs starlette (the dashboard extra, checked just above).
     from .web import create_app as _create_app
 
     return _create_app(*args, **kwargs)

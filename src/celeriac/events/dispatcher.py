@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..transports.base import EVENTS_CHANNEL as EVENTS_CHANNEL
 from ..transports.base import Transport, create_transport
 from . import forking
 from .clock import LamportClock
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     from ..app import Celeriac
 
 Event = dict[str, Any]
-EVENTS_CHANNEL = "celeriac.events"
 
 logger = logging.getLogger("celeriac.events.dispatcher")
 

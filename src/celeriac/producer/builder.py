@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any
 
+from .. import _request
 from .. import compression as _compression
 from .. import result as _result
-from .. import tasks as _tasks  # partly imported here: its attributes read at call time
 from ..errors import ConfigurationError, MessageTooLarge
 from ..protocol import Message, new_id, task_headers, task_properties, utcnow
 from ..transports.base import Outgoing
@@ -32,7 +32,7 @@ def prepare(app: Celeriac, name: str, args: Sequence[Any] | None,
     children as ``send_task`` does."""
     message, queue, delay = build(app, name, args, kwargs, options, lenient=lenient)
     if options.add_to_parent:
-        current = _tasks.current_request()
+        current = _request.current_request()
         if current is not None:
             current.add_child(_result.AsyncResult(message.headers["id"], app, name))
     return Outgoing(queue, message, delay)
@@ -66,7 +66,7 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
         extra["group"] = o.group_id
     if o.group_index is not None:
         extra["group_index"] = o.group_index
-    current = _tasks.current_request() if o.add_to_parent else None
+    current = _request.current_request() if o.add_to_parent else None
     if o.parent_id is not None or current is not None:
         extra["parent_id"] = o.parent_id or (current.id if current else None)
     if o.root_id is not None or current is not None:
@@ -104,7 +104,7 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
             except ConfigurationError as exc:
                 raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
                                          "published") from None
-    a_repr, k_repr = _tasks.args_repr(args, kwargs)
+    a_repr, k_repr = _request.args_repr(args, kwargs)
     h = task_headers(
         task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
         expires=absolute_time(o.expires, now), retries=o.retries, time_limit=o.time_limit,

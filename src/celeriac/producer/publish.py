@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import _request
 from .. import result as _result
-from .. import tasks as _tasks  # see builder.py
 from .._net import retrying
 from ..transports.base import Outgoing
-from . import builder as _builder  # partly imported when tasks.py imports this module
+from . import builder as _builder
 from .messages import split_call
 from .options import SendOptions
 
@@ -28,7 +28,7 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
     message, queue, delay = _builder.build(app, name, args, kwargs, options)
     task_id = message.headers["id"]
     if options.add_to_parent:
-        current = _tasks.current_request()
+        current = _request.current_request()
         if current is not None:
             current.add_child(_result.AsyncResult(task_id, app, name))
     hooks = app.hooks

@@ -39,12 +39,10 @@ import abc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from .._net import mask_password
-
-if TYPE_CHECKING:
-    from ..settings import Settings
+from ..settings import Settings
 
 BEAT_LEASE = "celeriac.beat"
 """The name of the lease the leading beat holds (``claim`` checks it)."""
@@ -143,8 +141,6 @@ class SharedStore(abc.ABC):
     """True when only this process reaches it (memory): chosen after any other."""
 
     def __init__(self, url: str, settings: Settings | None = None) -> None:
-        from ..settings import Settings
-
         self.url = url
         self.safe_url = mask_password(url)
         self.settings = settings or Settings()

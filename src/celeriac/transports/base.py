@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from .._schemes import SchemeRegistry
+from ..compat.layouts import TRANSPORT_LAYOUTS, lookup
 from ..errors import MessageTooLarge
 from ..protocol import Delivery, Message
 
@@ -202,6 +203,17 @@ PRIVATE_PREFIX = "celeriac.reply."
 it (a remote-control call's reply channel, ``control/mailbox.py``): a transport may route
 it as a key of one shared exchange (AMQP) and drop what is left of it when that
 subscriber closes (memory, SQLite), so a call leaves nothing behind."""
+CONTROL_CHANNEL = "celeriac.control"
+"""Where remote-control commands are broadcast (every worker subscribes;
+``control/mailbox.py``)."""
+REPLY_EXCHANGE = "celeriac.reply"
+"""The exchange a control call's replies go through (``control/mailbox.py``)."""
+EVENTS_CHANNEL = "celeriac.events"
+"""Where events are broadcast (``events/dispatcher.py``).
+
+The broadcast channels' names live here, below the services that use them, because a
+transport (Redis's subscriber count) and compatibility mode (Celery's exchanges) route
+them too."""
 
 
 class Subscription(abc.ABC):
@@ -240,8 +252,6 @@ def known_schemes() -> list[str]:
 def transport_class(url: str) -> type[Transport]:
     """The transport class for ``url`` (the first of several ``;``-separated URLs)."""
     first = url.split(";")[0].strip()
-    from ..compat.layouts import TRANSPORT_LAYOUTS, lookup
-
     chosen: type[Transport] | None = lookup(first, TRANSPORT_LAYOUTS, "broker")
     return chosen if chosen is not None else TRANSPORTS.lookup(first)
 

@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..backends.redis import FEED_LENGTH, RedisBackend, encode_value, expiry_ms
-from ..control.mailbox import CONTROL_CHANNEL
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from ..redisclient import Connector
-from .base import DeadLetter, Outgoing, Subscription, Transport
+from .base import CONTROL_CHANNEL, DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
     import redis.asyncio as aredis

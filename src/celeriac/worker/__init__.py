@@ -157,7 +157,7 @@ class Worker:
     # -- running ------------------------------------------------------------------------
     def run(self) -> int:
         """Run until a shutdown signal; returns the process exit code."""
-        try:
+        try:  # deferred: uvloop is optional
             import uvloop
         except ImportError:
             return asyncio.run(self.run_async())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal as signals
 from collections import Counter, deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import states
 from .._net import backoff
-from ..errors import BrokerError, CeleriacError, WorkerLostError
+from ..errors import BrokerError, CeleriacError, ControlError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
 from ..tasks import Request
 from .admission import Admission, Refusal, result_id
@@ -55,6 +56,19 @@ LINGER_BATCH = 64
 """...unless this many are waiting."""
 REDELIVERY_DELAY_CAP = 60.0
 """Seconds: the longest wait of a lost message before its next delivery."""
+
+
+def signal_number(name: str | int) -> int:
+    """``"SIGKILL"``, ``"KILL"`` or ``9`` as a signal number; ``ControlError`` otherwise."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        return int(signals.Signals(name))
+    text = str(name).upper()
+    try:
+        if text.isdigit():
+            return int(signals.Signals(int(text)))
+        return int(signals.Signals[text if text.startswith("SIG") else f"SIG{text}"])
+    except (KeyError, ValueError):
+        raise ControlError(f"revoke: argument 'signal': unknown signal {name!r}") from None
 
 
 class Consumer:
@@ -488,8 +502,6 @@ class Consumer:
             self._kill_started(job, signal)
 
     def _kill_started(self, job: Job, signal: str) -> None:
-        from .control import signal_number
-
         terminate_job = getattr(self.pool, "terminate_job", None)
         if terminate_job is not None:
             terminate_job(job.headers["id"], signal_number(signal))

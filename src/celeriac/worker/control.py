@@ -24,7 +24,6 @@ import fnmatch
 import inspect
 import logging
 import re
-import signal as signals
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -42,10 +41,16 @@ from ..control.registry import load as load_commands
 from ..errors import ControlError
 from ..events.clock import LamportClock
 from ..transports.base import Subscription, Transport, create_transport
+from .autoscale import Autoscaler
 from .blueprint import Step
+from .consumer import signal_number as signal_number
+from .heart import Heart
+from .pool.prefork import PreforkPool
 from .revoked import Revoked, StateDB
+from .task_events import TaskEvents
 
 if TYPE_CHECKING:
+    from ..events import EventDispatcher
     from .consumer import Consumer
     from .pool.base import Pool
 
@@ -81,6 +86,30 @@ class ControlState:
     def pool(self) -> Pool | None:
         return self.worker.pool if getattr(self.worker, "_pool_started", False) else None
 
+    # The parts of the worker some commands need, found here so that control/ imports
+    # nothing of the worker (the commands get this object).
+    @property
+    def prefork_pool(self) -> PreforkPool | None:
+        """The pool, if it runs and is prefork's (children to resize or to list)."""
+        pool = self.pool
+        return pool if isinstance(pool, PreforkPool) else None
+
+    @property
+    def autoscaler(self) -> Autoscaler | None:
+        """The ``--autoscale`` step, once it runs."""
+        step = self.worker.steps.get(Autoscaler)
+        return step if isinstance(step, Autoscaler) and step.entry is not None else None
+
+    @property
+    def heart(self) -> Heart | None:
+        """The step that sends the worker's heartbeat events, if this worker has one."""
+        step = self.worker.steps.get(Heart)
+        return step if isinstance(step, Heart) else None
+
+    def task_events(self, dispatcher: EventDispatcher) -> TaskEvents:
+        """The consumer's task events (``-E``), sent through ``dispatcher``."""
+        return TaskEvents(dispatcher, self.app.settings.events_hide_args)
+
     def revoke(self, ids: list[str], terminate: bool, signal: str | None) -> dict[str, str]:
         """Remember ``ids``; settle the ones waiting in this worker now; with
         ``terminate`` kill the child running one (at once, or when it starts if it waits
@@ -110,19 +139,6 @@ class ControlState:
             else:  # waiting behind another task in a child: killed as it starts
                 self.revoked.terminate[task_id] = signal or "SIGTERM"
         return ok(f"terminate: {', '.join(killed)}" if killed else "terminate: tasks unknown")
-
-
-def signal_number(name: str | int) -> int:
-    """``"SIGKILL"``, ``"KILL"`` or ``9`` as a signal number; ``ControlError`` otherwise."""
-    if isinstance(name, int) and not isinstance(name, bool):
-        return int(signals.Signals(name))
-    text = str(name).upper()
-    try:
-        if text.isdigit():
-            return int(signals.Signals(int(text)))
-        return int(signals.Signals[text if text.startswith("SIG") else f"SIG{text}"])
-    except (KeyError, ValueError):
-        raise ControlError(f"revoke: argument 'signal': unknown signal {name!r}") from None
 
 
 class Control(Step):

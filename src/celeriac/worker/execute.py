@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .. import compression, serialization, states
 from .._aio import run_sync
+from .._request import Request, short_repr
 from ..backends.base import Stored
 from ..errors import DecodeError, Ignore, Reject, Retry, TimeLimitExceeded
 from ..protocol import decode_body
-from ..tasks import Request, short_repr
 from . import followups
 
 if TYPE_CHECKING:

@@ -29,9 +29,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import states
+from ..canvas import Signature
 from ..errors import ChordError, DecodeError
 from ..producer import SendOptions, build
 from ..protocol import new_id, parse_time
+from ..result import GroupResult
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -150,8 +152,6 @@ def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str,
 
 def _fire(app: Celeriac, group_id: str, body: Mapping[str, Any],
           lineage: Mapping[str, Any]) -> None:
-    from ..result import GroupResult
-
     saved = GroupResult.restore(group_id, app=app)
     if saved is None:
         return _fail(app, body, (body.get("options") or {}).get("task_id"), lineage,
@@ -289,8 +289,6 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
     if kind == "chord":
         # The header gets the previous result, the body the rest of the chain (Celery's
         # chord.run); the chord keeps the ids it was frozen with.
-        from ..canvas import Signature
-
         workflow = Signature.from_dict(sig, app)
         body_result = workflow.apply_async(tuple(prefix), chain=chain or None, **lineage)
         header = body_result.parent

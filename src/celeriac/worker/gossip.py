@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from ..events import ClusterState, EventReceiver
 from ..events.dispatcher import Event
+from ..stores import store_for
 from .blueprint import Step
 from .globalrate import StoreRunner
 from .heart import Heart
@@ -217,8 +218,6 @@ class Gossip(Step):
 
     def _store(self) -> SharedStore:
         if self.store is None:
-            from ..stores import store_for
-
             self.store = store_for(self.worker.app.settings, "Gossip's election()")
         return self.store
 

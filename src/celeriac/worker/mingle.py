@@ -109,7 +109,7 @@ def listeners(transport: Transport, queues: list[str]) -> int | None:
 
 
 def _amqp_consumers(transport: Any, queue: str) -> int:
-    import pika
+    import pika  # deferred: the amqp extra is optional
 
     name = transport.config.queue(queue)
 

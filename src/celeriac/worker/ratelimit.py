@@ -16,26 +16,26 @@ burst of a whole second's worth.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._rates import ACCEPTED as ACCEPTED
+from .._rates import UNITS as UNITS
+from .._rates import parse_rate as parse_rate
 from ..errors import ConfigurationError
 from ..protocol import parse_time, utcnow
+from ..stores import store_for
+from .globalrate import SharedTokens, StoreRunner
 
 if TYPE_CHECKING:
     from ..app import Celeriac
     from ..stores import SharedStore
     from .execute import Job
-    from .globalrate import SharedTokens, StoreRunner
 
 logger = logging.getLogger("celeriac.worker.ratelimit")
 
-UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-ACCEPTED = ('a number of tasks per second (10, 0.5), "N/s", "N/m" or "N/h"; '
-            'None or 0 for no limit')
 HOLD_FACTOR = 8
 """Held jobs do not count against the prefetch budget up to this many times it: the
 worker keeps fetching past a backlog of limited messages to reach other tasks', yet
@@ -46,33 +46,6 @@ MIN_WAIT = 0.001
 loop's clock rounds) cannot spin the loop."""
 EPSILON = 1e-9
 """Tokens: float rounding that may not deny a token due at exactly this moment."""
-
-
-def parse_rate(value: str | float | int | None) -> float | None:
-    """Tokens per second for a rate limit in Celery's syntax; None for no limit.
-
-    ``10`` or ``"10"`` or ``"10/s"``: ten per second; ``"10/m"``: per minute; ``"10/h"``:
-    per hour. None, 0 and ``"0/m"`` mean no limit. Anything else raises ``ValueError``.
-    """
-    if value is None:
-        return None
-    per_second: float | None = None
-    if isinstance(value, bool):  # an int to Python, but surely a mistake here
-        pass
-    elif isinstance(value, int | float):
-        per_second = float(value)
-    elif isinstance(value, str):
-        count, _, unit = value.partition("/")
-        factor = UNITS.get(unit.strip() or "s")
-        try:
-            number = float(count)
-        except ValueError:
-            number = math.nan
-        if factor is not None:
-            per_second = number / factor
-    if per_second is None or not math.isfinite(per_second) or per_second < 0:
-        raise ValueError(f"invalid rate limit {value!r}: expected {ACCEPTED}")
-    return per_second or None
 
 
 class TokenBucket:
@@ -238,9 +211,6 @@ class RateLimiter:
             raise ValueError(f"global_rate_limit: {exc}") from None
         shared = None
         if rate is not None:
-            from ..stores import store_for
-            from .globalrate import SharedTokens, StoreRunner
-
             if self._store is None:
                 self._store = store_for(self.settings, f"task {name!r}: global_rate_limit")
                 self._runner = StoreRunner("celeriac-globalrate")

@@ -164,7 +164,7 @@ def rss_kib() -> int:
             pages = int(f.read().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") // 1024
     except OSError:
-        import resource
+        import resource  # deferred: Unix only, and only without /proc
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
