@@ -27,7 +27,10 @@ def _started(marker_dir: str, task_id: str | None) -> None:
 async def gated(gate: str, marker_dir: str) -> int:
     """Runs until the test creates ``gate``; returns its process id."""
     _started(marker_dir, gated.request.id)
+    deadline = time.monotonic() + 120  # bounded: a test that never opens it fails
     while not Path(gate).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
         await asyncio.sleep(0.02)  # sleep-ok: polls the test's gate
     return os.getpid()
 
