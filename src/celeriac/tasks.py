@@ -10,7 +10,7 @@ import logging
 import random
 import traceback as tb
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
 
@@ -346,34 +346,23 @@ class Task(Generic[P, R]):
         app = self.app
         if app.settings.task_always_eager:
             return self.apply(args, kwargs, task_id=task_id)
-        if (not options and countdown is None and eta is None and expires is None
-                and queue is None and priority is None and task_id is None
-                and headers is None and serializer is None and retries == 0
-                and time_limit is None and soft_time_limit is None
-                and ignore_result is None):
-            send = self._default_options()  # delay(): made once per task and settings
-        else:
-            o = self.options
-            if "link" in options or "link_error" in options:
-                link, link_error = options.pop("link", None), options.pop("link_error", None)
-                if link is not None or link_error is not None:
-                    options["embed"] = {"callbacks": app._linked(link, "link"),
-                                        "errbacks": app._linked(link_error, "link_error")}
-            if options.get("compression") is None:
-                options["compression"] = o.compression
-            send = SendOptions(
-                countdown=countdown, eta=eta,
-                expires=expires if expires is not None else o.expires,
-                queue=queue or o.queue,
-                priority=priority if priority is not None else o.priority,
-                task_id=task_id, headers=headers, serializer=serializer or o.serializer,
-                retries=retries,
-                time_limit=time_limit if time_limit is not None else o.time_limit,
-                soft_time_limit=soft_time_limit if soft_time_limit is not None
-                else o.soft_time_limit,
-                ignore_result=self.ignore_result if ignore_result is None else ignore_result,
-                **options,
-            ).check()
+        if "link" in options or "link_error" in options:
+            link, link_error = options.pop("link", None), options.pop("link_error", None)
+            if link is not None or link_error is not None:
+                options["embed"] = {"callbacks": app._linked(link, "link"),
+                                    "errbacks": app._linked(link_error, "link_error")}
+        # What the call gives overrides the task's own; None (and an empty queue or
+        # serializer) leaves it.
+        given = {k: v for k, v in (
+            ("countdown", countdown), ("eta", eta), ("expires", expires),
+            ("queue", queue or None), ("priority", priority), ("task_id", task_id),
+            ("headers", headers), ("serializer", serializer or None),
+            ("retries", retries or None), ("time_limit", time_limit),
+            ("soft_time_limit", soft_time_limit), ("ignore_result", ignore_result),
+            *options.items()) if v is not None}
+        # delay() gives nothing: the task's own, made and checked once per task and settings.
+        send = replace(self._task_options(), **given).check() if given \
+            else self._default_options()
         return _publish.send(app, self.name, args, kwargs, send)
 
     def _default_options(self) -> SendOptions:
@@ -383,12 +372,17 @@ class Task(Generic[P, R]):
         cached = self._defaults
         if cached is not None and cached[0] is o and cached[1] is settings:
             return cached[2]
-        send = SendOptions(
-            expires=o.expires, queue=o.queue, priority=o.priority, serializer=o.serializer,
-            compression=o.compression, time_limit=o.time_limit,
-            soft_time_limit=o.soft_time_limit, ignore_result=self.ignore_result).check()
+        send = self._task_options().check()
         self._defaults = (o, settings, send)
         return send
+
+    def _task_options(self) -> SendOptions:
+        """The task's own send options (unchecked), which a call's override."""
+        o = self.options
+        return SendOptions(
+            expires=o.expires, queue=o.queue, priority=o.priority, serializer=o.serializer,
+            compression=o.compression, time_limit=o.time_limit,
+            soft_time_limit=o.soft_time_limit, ignore_result=self.ignore_result)
 
     async def aapply_async(self, args: Sequence[Any] | None = None,
                            kwargs: Mapping[str, Any] | None = None, **options: Any
