@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench docs clean
+.PHONY: demo test test-fast lint bench docs clean celery-suite
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "celeriac needs Python >= 3.11"'
@@ -32,6 +32,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
+
+# Celery 5.5.3's own integration suite (t/integration), ported by the rename alone, on a
+# real worker on Redis (database 14); not part of make test. scripts/celery_suite.py says how.
+celery-suite: $(STAMP)
+	@scripts/services.sh
+	$(PY) scripts/celery_suite.py
 
 bench: $(STAMP)
 	@scripts/services.sh

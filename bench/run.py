@@ -1016,7 +1016,7 @@ def flush_redis_db(db: int) -> None:
 def remove_doorbells(db_path: Path) -> None:
     """celeriac's SQLite doorbell directories outlive the database file: remove them."""
     try:
-        from celeriac._sqlite import Doorbell
+        from celeriac.clients.sqlite import Doorbell
     except ImportError:
         return
     shutil.rmtree(Doorbell(str(db_path), "messages").dir.parent, ignore_errors=True)

@@ -6,11 +6,11 @@ is built (nothing generated is committed):
 - ``<!-- settings-table -->``: every field of ``celeriac.settings.Settings`` in source
   order, with its type, default and docstring (read from the source with ``ast``: a
   dataclass field's docstring is the string literal right after it), its environment
-  variable, and the Celery names that set it (``celeriac.config`` and
-  ``celeriac.compat.names``).
+  variable, and the Celery names that set it (``celeriac.settings.config`` and
+  ``celeriac.settings.celery_names``).
 - ``<!-- celery-settings -->``: each of Celery's setting names and what celeriac does with
   it: implemented, converted, accepted with a warning (harmless) or refused, with the
-  reason ``celeriac.config`` gives.
+  reason ``celeriac.settings.config`` gives.
 
 A field without a docstring is a build warning, so ``mkdocs build --strict`` (``make
 docs``, ``tests/unit/test_docs.py``) fails until it has one.
@@ -66,9 +66,8 @@ def celery_sources() -> dict[str, list[str]]:
     """For each celeriac setting, the Celery names that set it: the same name, Celery's
     pre-4.0 uppercase names, and the converted settings (found by asking each converter
     what it sets)."""
-    from celeriac import config
-    from celeriac.compat.names import DEFAULTS, OLD_NAMES
-    from celeriac.settings import Settings
+    from celeriac.settings import Settings, config
+    from celeriac.settings.celery_names import DEFAULTS, OLD_NAMES
 
     fields = [f.name for f in dataclasses.fields(Settings)]
     out: dict[str, list[str]] = defaultdict(list)
@@ -199,9 +198,8 @@ def settings_markdown() -> str:
 
 
 def celery_markdown() -> str:
-    from celeriac import config
-    from celeriac.compat.names import DEFAULTS, UNSET
-    from celeriac.settings import Settings
+    from celeriac.settings import Settings, config
+    from celeriac.settings.celery_names import DEFAULTS, UNSET
 
     fields = {f.name for f in dataclasses.fields(Settings)}
     counts: dict[str, int] = defaultdict(int)
@@ -223,7 +221,7 @@ def celery_markdown() -> str:
             fate, what = "refused", config._BACKENDS_REASON
         else:
             fate, what = "unknown", "not classified (a test in tests/unit/test_config.py fails)"
-            log.warning("Celery setting %s is not classified by celeriac.config", name)
+            log.warning("Celery setting %s is not classified by celeriac.settings.config", name)
         counts[fate] += 1
         what = what.replace("|", "\\|")
         rows.append(f"| `{name}` | {shown} | {fate} | {what} |")

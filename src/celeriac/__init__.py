@@ -15,7 +15,6 @@
 
 from . import signals, states
 from .__about__ import __version__
-from ._state import current_app, shared_task
 from .app import Celeriac
 from .canvas import Signature, chain, chord, chunks, group, signature
 from .errors import (
@@ -48,6 +47,7 @@ from .errors import (
 )
 from .hooks import Hooks
 from .result import AsyncResult, EagerResult, GroupResult
+from .runtime.state import current_app, shared_task
 from .settings import Settings
 from .tasks import Request, Task
 from .worker import Worker

@@ -19,19 +19,20 @@ from typing import (
     overload,
 )
 
-from . import _state, config, producer, serialization, signals
-from . import compression as _compression
+from . import producer, serialization, signals
 from . import result as _result
-from ._loading import django_apps, load_object
-from ._rates import parse_rate
 from .backends.base import ResultBackend, create_backend
 from .canvas import Signature, register_builtins
 from .canvas import signature as _signature
 from .errors import ConfigurationError
 from .hooks import HookRunner, Hooks
 from .producer import SendOptions, validate_priority
-from .routing import Routing
-from .settings import Conf, Settings
+from .runtime import state as _state
+from .serialization import compression as _compression
+from .settings import Conf, Settings, config
+from .settings.loading import django_apps, load_object
+from .settings.rates import parse_rate
+from .settings.routing import Routing
 from .tasks import Task, TaskOptions
 from .transports.base import Outgoing, Publisher, Transport, create_transport
 
@@ -173,12 +174,22 @@ class Celeriac:
             try:
                 importlib.import_module(name)
             except ModuleNotFoundError as exc:
+                parent = package.rpartition(".")[0]
+                if related_name and parent and exc.name == package:
+                    # Not a package (Django's "app.apps.AppConfig"): its parent's, as Celery.
+                    self._discover([parent], related_name)
+                    continue
                 if exc.name != name:
                     raise  # the tasks module exists but imports something missing
                 logger.debug("autodiscover: %s has no %s module", package, related_name)
 
     def set_current(self) -> None:
         """Make this the app ``shared_task`` proxies and ``current_app()`` use."""
+        _state.set_current(self)
+
+    def set_default(self) -> None:
+        """Celery's ``app.set_default()``: the same as ``set_current()`` here, where the
+        current app is also the one used when none was set."""
         _state.set_current(self)
 
     # -- connections (per process: a forked child opens its own) -----------------------
@@ -230,6 +241,24 @@ class Celeriac:
             # The parent's connections belong to the parent: drop, never close, them.
             self._transport = self._backend = self._events = self._relay = None
             self._pid = os.getpid()
+
+    def adopt_fork(self, *, publisher: Publisher | None = None,
+                   backend: ResultBackend | None = None) -> tuple[object, ...]:
+        """Make the app this forked process's own (a prefork pool child calls it at start).
+
+        The broker and backend connections inherited from the parent are dropped and
+        returned, never closed: the caller keeps them alive, since closing an inherited
+        socket or SQLite handle here could disturb the parent's use of it; this process
+        opens its own when it first needs one. ``publisher`` and ``backend`` stand in
+        where given: a child's relays through its pipe to a broker or result backend that
+        lives in the worker's memory. It exists so that the app's connections are set by
+        the app alone, not written from the pool's modules.
+        """
+        inherited = (self._transport, self._backend)
+        self._transport = None
+        self._relay, self._backend = publisher, backend
+        self._pid = os.getpid()
+        return inherited
 
     def close(self) -> None:
         if self._control is not None:
@@ -289,6 +318,24 @@ class Celeriac:
             return self._register(f, options)
 
         return decorator
+
+    def register_task(self, task: type[Task[Any, Any]] | Task[Any, Any]) -> Task[Any, Any]:
+        """Celery's ``app.register_task``: a class-based task, ``class T(Task)`` with a
+        ``run(self, ...)`` method (named by its ``name`` attribute, else module and class
+        name), becomes a task of this app, bound (``run``'s ``self`` is the task); a task
+        of another app is registered here as a copy bound to this one."""
+        if isinstance(task, Task):
+            copy: Task[Any, Any] = type(task)(self, task.fn, task.options)
+            self.tasks[copy.name] = copy
+            return copy
+        run = getattr(task, "run", None)
+        if not (isinstance(task, type) and issubclass(task, Task) and callable(run)):
+            raise TypeError(f"register_task needs a Task, or a Task subclass with a run() "
+                            f"method, got {task!r}")
+        name = getattr(task, "name", None)
+        if not isinstance(name, str):
+            name = f"{task.__module__}.{task.__qualname__}"
+        return self._register(run, {"base": task, "name": name, "bind": True})
 
     def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task[Any, Any]:
         if not callable(fn):

@@ -106,16 +106,41 @@ class TaskFailed(TaskError):
     Remote exceptions are re-raised with their own type only when that type is on the
     allow-list (builtins, celeriac's own, and ``result_exception_allowlist``); any other
     type arrives as ``TaskFailed`` carrying its name, message and traceback.
+
+    It is also Celery's ``UnpickleableExceptionWrapper`` (the same concept: a remote
+    exception not re-created here; ``celeriac.utils.serialization``), with that class's
+    attributes: ``exc_module``, ``exc_cls_name``, ``exc_args`` (the exception's arguments
+    as stored) and ``text``.
     """
 
-    def __init__(self, exc_type: str, message: str, traceback: str | None = None) -> None:
+    def __init__(self, exc_type: str, message: str, traceback: str | None = None,
+                 exc_args: tuple[Any, ...] = ()) -> None:
         super().__init__(exc_type, message, traceback)
         self.exc_type = exc_type
         self.message = message
         self.traceback = traceback
+        self.exc_args = tuple(exc_args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.exc_type, self.message, self.traceback, self.exc_args)
 
     def __str__(self) -> str:
         return f"{self.exc_type}: {self.message}"
+
+    @property
+    def exc_module(self) -> str:
+        """The module of the remote exception's class (``builtins`` for a builtin)."""
+        return self.exc_type.rpartition(".")[0] or "builtins"
+
+    @property
+    def exc_cls_name(self) -> str:
+        """The remote exception's class name, without its module."""
+        return self.exc_type.rpartition(".")[2]
+
+    @property
+    def text(self) -> str:
+        """The remote exception's message (Celery's ``UnpickleableExceptionWrapper.text``)."""
+        return self.message
 
 
 class TaskRevoked(TaskError):

@@ -16,14 +16,15 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-from . import compression
 from .errors import DecodeError
+from .serialization import compression
 
 REQUIRED_HEADERS = ("task", "id")
 DECODE_ERROR_HEADER = "x-celeriac-decode-error"
@@ -149,8 +150,8 @@ MAX_NAME = 1024
 """Longest task name a worker accepts."""
 MAX_LIMIT = 10.0 ** 8
 """Longest time limit a worker accepts, in seconds (over three years)."""
-_TEXT_HEADERS = ("lang", "shadow", "argsrepr", "kwargsrepr", "origin")
 _ID_HEADERS = ("root_id", "parent_id", "group")
+_TEXT_HEADERS = ("lang", "shadow", "argsrepr", "kwargsrepr", "origin")
 
 
 def validate_headers(headers: Any) -> str | None:
@@ -168,6 +169,24 @@ def validate_headers(headers: Any) -> str | None:
     for key in headers:
         if not isinstance(key, str) or not _is_utf8(key):
             return f"header name {_show(key)} is not UTF-8 text"
+    if reason := _check_identity(headers):
+        return reason
+    # The text headers inline, the others through their checks' table: this runs in the
+    # worker's main process for every message, and most messages carry four of them.
+    for name in _TEXT_HEADERS:
+        value = headers.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name!r} header {_show(value)} is not a string"
+    for name, valid, not_what in _VALUE_CHECKS:
+        value = headers.get(name)
+        if value is not None and not valid(value):
+            return f"{name!r} header {_show(value)} {not_what}"
+    return None
+
+
+def _check_identity(headers: dict[str, Any]) -> str | None:
+    """The reason the task's name or its ids (its own, root, parent, group) are
+    invalid, or None."""
     task = headers.get("task")
     if task is None:
         return "missing or invalid 'task' header: none (not a protocol v2 task message)"
@@ -179,31 +198,6 @@ def validate_headers(headers: Any) -> str | None:
     for name in _ID_HEADERS:
         if reason := _check_id(name, headers.get(name)):
             return reason
-    for name in _TEXT_HEADERS:
-        value = headers.get(name)
-        if value is not None and not isinstance(value, str):
-            return f"{name!r} header {_show(value)} is not a string"
-    retries = headers.get("retries")
-    if retries is not None and (type(retries) is not int or not 0 <= retries < 2 ** 31):
-        return f"'retries' header {_show(retries)} is not an integer from 0 to 2**31-1"
-    index = headers.get("group_index")
-    if index is not None and (type(index) is not int or index < 0):
-        return f"'group_index' header {_show(index)} is not a non-negative integer"
-    ignore = headers.get("ignore_result")
-    if ignore is not None and not isinstance(ignore, bool):
-        return f"'ignore_result' header {_show(ignore)} is not a boolean"
-    for name in ("eta", "expires"):
-        value = headers.get(name)
-        if value is not None and parse_time(value) is None:
-            return f"{name!r} header {_show(value)} is not an ISO 8601 time within years 1-9999"
-    packed = headers.get(compression.HEADER)
-    if packed is not None and not compression.known(packed):
-        return (f"'compression' header {_show(packed)} is not a compression this worker "
-                f"can undo ({', '.join(compression.CONTENT_TYPES)})")
-    limits = headers.get("timelimit")
-    if limits is not None and not _valid_limits(limits):
-        return (f"'timelimit' header {_show(limits)} is not [hard, soft] with each a number "
-                f"of seconds from 0 to {MAX_LIMIT:.0e} or null")
     return None
 
 
@@ -247,6 +241,39 @@ def _valid_limits(limits: Any) -> bool:
         if not 0 <= value <= MAX_LIMIT:  # NaN fails this too
             return False
     return True
+
+
+def _valid_retries(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 2 ** 31
+
+
+def _valid_index(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _valid_time(value: Any) -> bool:
+    return parse_time(value) is not None
+
+
+_TIME = "is not an ISO 8601 time within years 1-9999"
+_VALUE_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    # (header, what a value that is not None must pass, what the reason says it is not)
+    ("retries", _valid_retries, "is not an integer from 0 to 2**31-1"),
+    ("group_index", _valid_index, "is not a non-negative integer"),
+    ("ignore_result", _is_bool, "is not a boolean"),
+    ("eta", _valid_time, _TIME),
+    ("expires", _valid_time, _TIME),
+    (compression.HEADER, compression.known, "is not a compression this worker can undo "
+                                            f"({', '.join(compression.CONTENT_TYPES)})"),
+    ("timelimit", _valid_limits,
+     f"is not [hard, soft] with each a number of seconds from 0 to {MAX_LIMIT:.0e} or null"),
+)
+"""The headers beyond the name, the ids and the text headers, checked in this order by
+type and range (absent or None: passed)."""
 
 
 def _is_utf8(text: str) -> bool:

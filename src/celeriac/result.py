@@ -1,20 +1,22 @@
 """``AsyncResult``: the caller's handle on a task's state and return value;
-``GroupResult``: the handle on a group's."""
+``ResultSet``: several results waited on together; ``GroupResult``: a group's (a
+``ResultSet`` with the group's id)."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Iterator, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from . import errors, states
-from ._state import get_current_app
 from .backends.base import GROUP_KEY_PREFIX as GROUP_KEY_PREFIX
 from .backends.base import ResultMeta
 from .backends.base import tuple_id as tuple_id
 from .errors import IncompleteStream, ResultTimeout, TaskFailed, TaskRevoked
+from .runtime.state import get_current_app
 
 if TYPE_CHECKING:
     from .app import Celeriac
@@ -25,14 +27,35 @@ R = TypeVar("R")
 class AsyncResult(Generic[R]):
     """A task's state and outcome as stored by the result backend."""
 
-    def __init__(self, id: str, app: Celeriac, task_name: str | None = None) -> None:
+    def __init__(self, id: str, app: Celeriac | None = None,
+                 task_name: str | None = None) -> None:
         if not isinstance(id, str) or not id:
             raise ValueError(f"id must be a non-empty string, got {id!r}")
         self.id = id
-        self.app = app
+        self.app = app if app is not None else get_current_app()
         self.task_name = task_name
         self.parent: AsyncResult[Any] | GroupResult | None = None
         """The result of the task that sent this one, where the caller knows it."""
+        self._ignored: bool | None = None
+
+    @property
+    def task_id(self) -> str:
+        """Celery's other name for ``id``."""
+        return self.id
+
+    @property
+    def ignored(self) -> bool:
+        """True when the task stores no result (``ignore_result``): ``get()`` then
+        returns None at once, as Celery's does. Set by whoever knows the call's option;
+        otherwise the task's own ``ignore_result``, when it is registered here."""
+        if self._ignored is not None:
+            return self._ignored
+        task = self.app.tasks.get(self.task_name) if self.task_name else None
+        return bool(task is not None and task.ignore_result)
+
+    @ignored.setter
+    def ignored(self, value: bool) -> None:
+        self._ignored = bool(value)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.id}>"
@@ -181,9 +204,12 @@ class AsyncResult(Generic[R]):
 
         A failed task re-raises its exception when ``propagate`` (the default); otherwise
         the exception is returned. Raises ``ResultTimeout`` after ``timeout`` seconds.
+        A task that stores no result (``ignored``) returns None at once.
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if self.ignored:
+            return cast(R, None)
         meta = self.app.backend.wait_for([self.id], timeout).get(self.id)
         if meta is None:
             raise ResultTimeout(f"task {self.id} not ready after {timeout}s")
@@ -261,7 +287,7 @@ def rebuild_exception(
             return exc
     message = " ".join(map(str, args))
     name = exc_type if not module or module == "builtins" else f"{module}.{exc_type}"
-    return TaskFailed(name, message, traceback)
+    return TaskFailed(name, message, traceback, tuple(args))
 
 
 class EagerResult(AsyncResult[R]):
@@ -285,35 +311,25 @@ _READ_BATCH = 500
 """Ids per backend read (what ``wait_for`` reads at once too)."""
 
 
-class GroupResult:
-    """The results of a group's members, in member order (Celery's ``GroupResult``).
+class ResultSet:
+    """Results read and waited on together, in the order given (Celery's ``ResultSet``);
+    ``GroupResult`` is one with a group id.
 
     Reads go to the backend in batches of ids, one round trip per batch, never one per
     member; eager members (``group.apply()``) are answered without the backend."""
 
-    def __init__(self, id: str, results: Sequence[AsyncResult[Any]] | None = None,
-                 app: Celeriac | None = None, parent: AsyncResult[Any] | None = None) -> None:
-        if not isinstance(id, str) or not id:
-            raise ValueError(f"id must be a non-empty string, got {id!r}")
-        self.id = id
+    def __init__(self, results: Iterable[AsyncResult[Any]] | None = None,
+                 app: Celeriac | None = None) -> None:
         self.results: list[AsyncResult[Any]] = list(results or ())
         if app is None:
             app = self.results[0].app if self.results else get_current_app()
         self.app = app
-        self.parent = parent
-        """The result of the step before this group in a chain, where known."""
 
-    @property
-    def children(self) -> list[AsyncResult[Any]]:
-        return self.results
-
-    def as_tuple(self) -> tuple[Any, Any]:
-        """Celery's serializable form, ``((id, parent), [member tuples])``."""
-        parent = self.parent.as_tuple() if self.parent is not None else None
-        return (self.id, parent), [r.as_tuple() for r in self.results]
+    def _label(self) -> str:
+        return "result set"
 
     def __repr__(self) -> str:
-        return f"<GroupResult: {self.id} [{', '.join(r.id for r in self.results)}]>"
+        return f"<{type(self).__name__}: [{', '.join(r.id for r in self.results)}]>"
 
     def __len__(self) -> int:
         return len(self.results)
@@ -325,11 +341,37 @@ class GroupResult:
         return self.results[index]
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, GroupResult) and other.id == self.id
-                and other.results == self.results)
+        return type(other) is type(self) and other.results == self.results
 
-    def __hash__(self) -> int:
-        return hash(self.id)
+    __hash__ = None  # type: ignore[assignment]  # mutable, as Celery's
+
+    # -- the set (Celery's) --------------------------------------------------------------
+    def add(self, result: AsyncResult[Any]) -> None:
+        """Add ``result`` unless it is in the set already."""
+        if result not in self.results:
+            self.results.append(result)
+
+    def update(self, results: Iterable[AsyncResult[Any]]) -> None:
+        """Add each of ``results`` not in the set already."""
+        for result in results:
+            self.add(result)
+
+    def remove(self, result: AsyncResult[Any] | str) -> None:
+        """Remove ``result`` (or the result of that id); ``KeyError`` if not in the set."""
+        if isinstance(result, str):
+            result = AsyncResult(result, self.app)
+        try:
+            self.results.remove(result)
+        except ValueError:
+            raise KeyError(result) from None
+
+    def discard(self, result: AsyncResult[Any] | str) -> None:
+        """Remove ``result`` if it is in the set."""
+        with contextlib.suppress(KeyError):
+            self.remove(result)
+
+    def clear(self) -> None:
+        self.results.clear()
 
     # -- reading -------------------------------------------------------------------------
     def _metas(self) -> dict[str, ResultMeta]:
@@ -385,7 +427,7 @@ class GroupResult:
             metas.update(self.app.backend.wait_for(remote, timeout))
         missing = [r.id for r in self.results if r.id not in metas]
         if missing:
-            raise ResultTimeout(f"group {self.id}: {len(missing)} of {len(self.results)} "
+            raise ResultTimeout(f"{self._label()}: {len(missing)} of {len(self.results)} "
                                 f"results not ready after {timeout}s (first: {missing[0]})")
         return [r._outcome(metas[r.id], propagate) for r in self.results]
 
@@ -406,9 +448,45 @@ class GroupResult:
                                 timeout=timeout if timeout is not None else 1.0)
 
     def forget(self) -> None:
-        """Forget every member's stored result (not the saved group: ``delete``)."""
+        """Forget every member's stored result (not a saved group: ``delete``)."""
         for r in self.results:
             r.forget()
+
+
+class GroupResult(ResultSet):
+    """The results of a group's members, in member order (Celery's ``GroupResult``): a
+    ``ResultSet`` with the group's id, which ``save`` and ``restore`` keep it under."""
+
+    def __init__(self, id: str, results: Sequence[AsyncResult[Any]] | None = None,
+                 app: Celeriac | None = None, parent: AsyncResult[Any] | None = None) -> None:
+        if not isinstance(id, str) or not id:
+            raise ValueError(f"id must be a non-empty string, got {id!r}")
+        super().__init__(results, app)
+        self.id = id
+        self.parent = parent
+        """The result of the step before this group in a chain, where known."""
+
+    def _label(self) -> str:
+        return f"group {self.id}"
+
+    @property
+    def children(self) -> list[AsyncResult[Any]]:
+        return self.results
+
+    def as_tuple(self) -> tuple[Any, Any]:
+        """Celery's serializable form, ``((id, parent), [member tuples])``."""
+        parent = self.parent.as_tuple() if self.parent is not None else None
+        return (self.id, parent), [r.as_tuple() for r in self.results]
+
+    def __repr__(self) -> str:
+        return f"<GroupResult: {self.id} [{', '.join(r.id for r in self.results)}]>"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, GroupResult) and other.id == self.id
+                and other.results == self.results)
+
+    def __hash__(self) -> int:  # type: ignore[override]  # a group is known by its id
+        return hash(self.id)
 
     def save(self) -> GroupResult:
         """Store the member ids under the group id, for ``GroupResult.restore``."""

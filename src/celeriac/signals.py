@@ -28,8 +28,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from . import compression, serialization, states
+from . import serialization, states
 from .hooks import Hooks
+from .serialization import compression
 
 if TYPE_CHECKING:
     from .app import Celeriac

@@ -15,26 +15,26 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
 
 from . import states
-from ._aio import run_sync
-from ._progress import RUNNING
-from ._request import Request as Request
-from ._request import _current
-from ._request import args_repr as args_repr
-from ._request import current_request as current_request
-from ._request import short_repr as short_repr
 from .backends.base import ResultMeta
+from .canvas import Signature
+from .canvas.builtins import chunks, xmap, xstarmap
 from .errors import Ignore, MaxRetriesExceededError, Retry
 from .producer import publish as _publish
 from .producer.options import SEND_OPTIONS, SendOptions
 from .protocol import new_id
 from .result import AsyncResult, EagerResult
+from .runtime.aio import run_sync
+from .runtime.progress import RUNNING
+from .runtime.request import Request as Request
+from .runtime.request import _current
+from .runtime.request import args_repr as args_repr
+from .runtime.request import current_request as current_request
+from .runtime.request import short_repr as short_repr
 from .signals import ExceptionInfo
 
 if TYPE_CHECKING:
-    from ._aio import Guard
     from .app import Celeriac
-    from .builtins import chunks, xmap, xstarmap
-    from .canvas import Signature
+    from .runtime.aio import Guard
 
 logger = logging.getLogger("celeriac.tasks")
 
@@ -208,44 +208,52 @@ class Task(Generic[P, R]):
         _current.reset(tokens[1])
         self._request.reset(tokens[0])
 
+    # run_with and arun_with are one call with a sync and an async edge: ``enter``, then
+    # ``_invoke`` (before_start and the function), ``_autoretry`` on an exception,
+    # ``leave``; the edges differ only in that the async one awaits what _invoke made.
     def run_with(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]) -> R:
-        token = self._request.set(request)
-        current = _current.set(request)
+        """Call the function with ``request`` current (``self.request``,
+        ``current_request()``); an exception in ``autoretry_for`` becomes ``Retry``."""
+        scope = self.enter(request)
         try:
-            if self.has_handlers and not request.called_directly:
-                self.before_start(request.id, args, kwargs)
-            if self.options.bind:
-                return self.fn(self, *args, **kwargs)
-            return self.fn(*args, **kwargs)
+            return self._invoke(request, args, kwargs)  # type: ignore[no-any-return]
         except Exception as exc:
-            if request.called_directly or not self.should_autoretry(exc):
-                raise
-            raise self.retry(exc=exc) from exc
+            self._autoretry(request, exc)
+            raise
         finally:
-            _current.reset(current)
-            self._request.reset(token)
+            self.leave(scope)
 
     async def arun_with(self, request: Request, args: Sequence[Any],
                         kwargs: Mapping[str, Any], guard: Guard | None = None) -> Any:
         """``run_with`` for an ``async def`` task. Awaited in its own asyncio task, so the
         context variables set here (``self.request``, ``current_request()``) belong to
         this call alone, however many run on the loop. ``guard`` carries its time limits
-        (``_aio.Guard``: raised at the await the task waits in)."""
-        token = self._request.set(request)
-        current = _current.set(request)
+        (``runtime.aio.Guard``: raised at the await the task waits in)."""
+        scope = self.enter(request)
         try:
-            if self.has_handlers and not request.called_directly:
-                self.before_start(request.id, args, kwargs)
-            fn: Callable[..., Coroutine[Any, Any, Any]] = self.fn  # type: ignore[assignment]
-            coro = fn(self, *args, **kwargs) if self.options.bind else fn(*args, **kwargs)
+            coro = self._invoke(request, args, kwargs)
             return await (coro if guard is None else guard.wrap(coro))
         except Exception as exc:
-            if request.called_directly or not self.should_autoretry(exc):
-                raise
-            raise self.retry(exc=exc) from exc
+            self._autoretry(request, exc)
+            raise
         finally:
-            _current.reset(current)
-            self._request.reset(token)
+            self.leave(scope)
+
+    def _invoke(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]
+                ) -> Any:
+        """``before_start``, then the function: its value (the coroutine, for an ``async
+        def`` task)."""
+        if self.has_handlers and not request.called_directly:
+            self.before_start(request.id, args, kwargs)
+        if self.options.bind:
+            return self.fn(self, *args, **kwargs)
+        return self.fn(*args, **kwargs)
+
+    def _autoretry(self, request: Request, exc: Exception) -> None:
+        """Raise ``Retry`` when the task retries on ``exc`` (``autoretry_for``, a call
+        through the worker or ``apply``); else return, and the caller re-raises ``exc``."""
+        if not request.called_directly and self.should_autoretry(exc):
+            raise self.retry(exc=exc) from exc
 
     # -- sending ------------------------------------------------------------------------
     # An ``async def`` task's result is what its coroutine returns: for type checkers,
@@ -276,42 +284,30 @@ class Task(Generic[P, R]):
         options.setdefault("compression", o.compression)
         return self.app.send_many(self.name, calls, **options)
 
-    # -- canvas (celeriac.canvas: imported when used, it imports this module) -----------
+    # -- canvas ------------------------------------------------------------------------
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this task: ``add.s(2, 2)``; partial (``add.s(2)``) is fine."""
-        from .canvas import Signature
-
         return Signature(self, args, kwargs, app=self.app)
 
     def si(self, *args: Any, **kwargs: Any) -> Signature:
         """An immutable signature: it ignores the arguments a chain would pass it."""
-        from .canvas import Signature
-
         return Signature(self, args, kwargs, immutable=True, app=self.app)
 
     def signature(self, args: Sequence[Any] | None = None,
                   kwargs: Mapping[str, Any] | None = None, **options: Any) -> Signature:
         """A signature with ``apply_async`` options: ``add.signature((2, 2), countdown=10)``."""
-        from .canvas import Signature
-
         return Signature(self, args, kwargs, app=self.app, **options)
 
     def map(self, it: Iterable[Any]) -> xmap:
         """``[self(item) for item in it]``, run by one worker task (``celery.map``)."""
-        from .builtins import xmap
-
         return xmap(self, it, app=self.app)
 
     def starmap(self, it: Iterable[Any]) -> xstarmap:
         """``[self(*item) for item in it]``, run by one worker task (``celery.starmap``)."""
-        from .builtins import xstarmap
-
         return xstarmap(self, it, app=self.app)
 
     def chunks(self, it: Iterable[Any], n: int) -> chunks:
         """The items (argument tuples) in parts of ``n``: a group of starmap tasks."""
-        from .builtins import chunks
-
         return chunks(self, it, n, app=self.app)
 
     async def adelay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult[R]:

@@ -652,6 +652,12 @@ def test_chord_part_from_pool_children_is_relayed_to_a_process_local_backend() -
             self.waiting.insert(0, job)
             self.dispatch()
 
+        def on_job_progress(self, task_id: str, state: str, meta: object) -> None:
+            pass
+
+        def on_fatal(self, reason: str) -> None:
+            pass
+
     async def main() -> None:
         pool = PreforkPool(app, 2)
         pool.attach(Client(pool))

@@ -83,6 +83,12 @@ class Consumer:
         self.reserved.appendleft(job)
         self.dispatch()
 
+    def on_job_progress(self, task_id: str, state: str, meta: Any) -> None:
+        pass
+
+    def on_fatal(self, reason: str) -> None:
+        pass
+
     def dispatch(self) -> None:
         pool = self.pool
         while not self.stopping and self.reserved and (pool.free_slots() or pool.queue_slots()):

@@ -1,4 +1,4 @@
-"""The Redis hot paths: lanes (``celeriac.redisclient.lanes``) and the worker's exchange script.
+"""The Redis hot paths: lanes (``celeriac.clients.redis.lanes``) and the worker's exchange script.
 
 A lane is a lean connection for scripts; the exchange stores results in the result
 backend's layout, acks and fetches in one round trip. Each test uses its own namespace on
@@ -21,9 +21,9 @@ import uvloop
 
 from celeriac import states
 from celeriac.backends.redis import RedisBackend
+from celeriac.clients.redis import Connector, lanes
+from celeriac.clients.redis.lanes import AsyncLane, SyncLane, lane_params
 from celeriac.errors import BrokerUnavailable
-from celeriac.redisclient import Connector, lanes
-from celeriac.redisclient.lanes import AsyncLane, SyncLane, lane_params
 from celeriac.settings import Settings
 from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
@@ -267,18 +267,18 @@ def test_exchange_stores_acks_and_fetches_in_one_round_trip(
         await c.connect("c1")
         namespace = c.results_namespace(backend)
         assert namespace == backend.conn.endpoint.namespace
-        first = await c.exchange([], [], namespace, [Q], 4)
+        first = await c.settle_and_fetch([], [], namespace, [Q], 4)
         assert ids(first) == ["id-0", "id-1", "id-2", "id-3"]
         results = [backend.encode(d.message.headers["id"], states.SUCCESS, i)
                    for i, d in enumerate(first)]
         lane = await c.conn._async_lane()
         sent = count_calls(lane)
-        second = await c.exchange(first, results, namespace, [Q], 4)
+        second = await c.settle_and_fetch(first, results, namespace, [Q], 4)
         assert sent == ["EVALSHA"]
         assert ids(second) == ["id-4", "id-5", "id-6", "id-7"]
         # Settling only: no fetch, no lease business.
-        assert await c.exchange(second, [], namespace, [Q], 0) == []
-        assert await c.exchange([], [], namespace, [Q], 0) == []
+        assert await c.settle_and_fetch(second, [], namespace, [Q], 0) == []
+        assert await c.settle_and_fetch([], [], namespace, [Q], 0) == []
         assert sent == ["EVALSHA", "EVALSHA"]
         await c.disconnect()
 
@@ -307,10 +307,10 @@ def test_exchange_acks_only_what_the_consumer_still_owns(
         again = await other.fetch([Q], 2, 1.0)
         assert ids(again) == ids(taken)
         # The slow consumer's late ack must not delete what the other one now runs.
-        await slow.exchange(taken, [], None, [Q], 0)
+        await slow.settle_and_fetch(taken, [], None, [Q], 0)
         admin = redis.Redis()
         assert admin.exists(*[f"{ns}:m:{d.tag}" for d in again]) == 2
-        assert await other.exchange(again, [], None, [Q], 0) == []
+        assert await other.settle_and_fetch(again, [], None, [Q], 0) == []
         assert admin.exists(*[f"{ns}:m:{d.tag}" for d in again]) == 0
         admin.close()
         await other.disconnect()
@@ -328,6 +328,6 @@ def test_results_go_through_the_backend_when_it_lives_elsewhere(url: str, ns: st
         same = RedisBackend(f"{url.split('?')[0]}?namespace={ns}r", Settings())
         assert t.results_namespace(same) == f"{ns}r"
         with pytest.raises(ValueError):
-            asyncio.run(t.exchange([], [same.encode("x", states.SUCCESS, 1)], None, [Q], 0))
+            asyncio.run(t.settle_and_fetch([], [same.encode("x", states.SUCCESS, 1)], None, [Q], 0))
     finally:
         t.close()

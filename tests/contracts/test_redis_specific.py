@@ -22,12 +22,12 @@ import pytest
 import redis
 
 from celeriac import states
-from celeriac._net import mask_password
 from celeriac.backends import redis as redis_backend
 from celeriac.backends.redis import RedisBackend
+from celeriac.clients.net import mask_password
+from celeriac.clients.redis import script_source
 from celeriac.errors import BrokerUnavailable, OperationalError
 from celeriac.protocol import DECODE_ERROR_HEADER, Delivery
-from celeriac.redisclient import script_source
 from celeriac.settings import Settings
 from celeriac.testing import wait_until
 from celeriac.transports.base import Outgoing
@@ -48,7 +48,7 @@ DOWN = "redis://127.0.0.1:1/0"
 
 def count_commands(client: Any, sent: list[str] | None = None) -> list[str]:
     """Record the name of every command ``client`` sends from now on: a redis-py client,
-    or a lane (``celeriac.redisclient.lanes``: scripts go through lanes)."""
+    or a lane (``celeriac.clients.redis.lanes``: scripts go through lanes)."""
     sent = [] if sent is None else sent
     name = "call" if hasattr(client, "evalsha") and hasattr(client, "call") else \
         "execute_command"

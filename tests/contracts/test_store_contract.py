@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from celeriac.beat.store import BeatStore, open_store
 from celeriac.settings import Settings
 from celeriac.stores import BEAT_LEASE as BEAT
-from celeriac.stores import STORES, SharedStore, find_url
+from celeriac.stores import STORES, SharedStore, find_url, open_store
 from celeriac.testing import wait_until
 from tests.contracts.conftest import _drop_redis_namespace, _namespaced
 
@@ -58,7 +57,7 @@ def test_the_store_is_the_result_backend_s_and_one_class_per_service(stores: Sto
     assert type(store) is STORES.lookup(stores.url)
     assert find_url(Settings(broker_url="amqp://guest@localhost//",
                              result_backend=stores.url)) == stores.url
-    assert isinstance(store, BeatStore)  # beat's name for the same interface
+    assert isinstance(store, SharedStore)  # one interface, beat's and every other user's
 
 
 # -- leases ---------------------------------------------------------------------------

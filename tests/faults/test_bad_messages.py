@@ -116,7 +116,7 @@ def _headers(task_id: str, bad: Bad) -> dict[str, Any]:
 
 
 def publish_redis(url: str, task_id: str, bad: Bad) -> None:
-    """Write the message in the Redis transport's key layout (redisclient/lua/common.lua)."""
+    """Write the message in the Redis transport's key layout (clients/redis/lua/common.lua)."""
     ns = url.partition("namespace=")[2]
     headers = _headers(task_id, bad)
     ct = bad.content_type

@@ -12,6 +12,7 @@ import pytest
 
 from celeriac import Celeriac
 from celeriac.worker.execute import Job, Outcome
+from celeriac.worker.pool.base import NullClient
 from celeriac.worker.pool.prefork import PreforkPool
 from tests.loops import until
 
@@ -33,13 +34,21 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
     await until(predicate, timeout, 0.01)
 
 
+class Recorder(NullClient):
+    def __init__(self, done: list[tuple[Job, Outcome]]) -> None:
+        super().__init__()
+        self.done = done
+
+    def on_job_done(self, job: Job, outcome: Outcome) -> None:
+        self.done.append((job, outcome))
+
+
 def test_grow_and_shrink() -> None:
     app = make_app()
     done: list[tuple[Job, Outcome]] = []
 
     async def main() -> None:
-        pool = PreforkPool(app, 1)
-        pool.on_done = lambda job, outcome: done.append((job, outcome))
+        pool = PreforkPool(app, 1, client=Recorder(done))
         await pool.start()
         await wait_for(lambda: pool.free_slots() == 1)
         pool.grow(2)

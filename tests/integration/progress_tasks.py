@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from celeriac import Celeriac, Settings
-from celeriac._progress import RUNNING
+from celeriac.runtime.progress import RUNNING
 
 app = Celeriac("progress", settings=Settings.from_env())
 

@@ -24,7 +24,7 @@ import pytest
 
 from celeriac import Settings
 from celeriac.beat.service import task_id_for
-from celeriac.beat.store import BeatStore, Run, open_store
+from celeriac.stores import Run, SharedStore, open_store
 from celeriac.testing import wait_until
 from celeriac.transports.base import create_transport
 from tests.contracts.conftest import _drop_redis_namespace
@@ -121,7 +121,7 @@ def drain(broker: str, queue: str = "celery") -> list[str]:
     return asyncio.run(run())
 
 
-def leader_pid(store: BeatStore) -> int | None:
+def leader_pid(store: SharedStore) -> int | None:
     lease = store.leader()
     return int(lease.holder.split(":")[1]) if lease else None
 

@@ -14,7 +14,7 @@ import pytest
 
 from celeriac import Settings
 from celeriac.beat.service import task_id_for
-from celeriac.beat.store import open_store
+from celeriac.stores import open_store
 from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration.test_beat_ha import ROOT, Beats, drain, wait_for
 from tests.services import require

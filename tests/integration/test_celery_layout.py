@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from celeriac import Celeriac, TaskFailed, current_app
-from celeriac import _state as celeriac_state
+from celeriac.runtime import state as celeriac_state
 from celeriac.testing import WorkerProcess, wait_until
 from tests.services import require
 

@@ -25,11 +25,11 @@ import pytest
 import redis
 
 from celeriac import Celeriac, Settings
+from celeriac.clients.redis.topology import parse
 from celeriac.control import merge
 from celeriac.control.mailbox import REPLY_PREFIX
 from celeriac.dashboard.monitor import Monitor
 from celeriac.events import EventReceiver
-from celeriac.redisclient.topology import parse
 from celeriac.testing import WorkerProcess, wait_until
 from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration.support import ROOT

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from celeriac import Celeriac, SoftTimeLimitExceeded, TimeLimitExceeded
-from celeriac._aio import Guard, LagWatch
+from celeriac.runtime.aio import Guard, LagWatch
 from celeriac.testing import ThreadedWorker, eager
 
 
@@ -181,7 +181,7 @@ def test_a_lag_watch_restarted_after_close_does_not_spin() -> None:
     not wait on that one (a spinning thread stole the GIL from everything else)."""
     import time
 
-    from celeriac._aio import LagWatch
+    from celeriac.runtime.aio import LagWatch
 
     loop = asyncio.new_event_loop()
     watch = LagWatch(loop, 0.1, lambda task: None)

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from celeriac import Celeriac
-from celeriac.beat import Beat
 from celeriac.beat.entries import parse_entry
-from celeriac.beat.service import MAX_WINDOWS, task_id_for, windows
-from celeriac.beat.store import store_url
+from celeriac.beat.service import MAX_WINDOWS, Beat, task_id_for, windows
+from celeriac.stores import store_url
 from celeriac.canvas import Signature
 from celeriac.errors import ConfigurationError
 from celeriac.schedules import crontab, schedule

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from celeriac import Celeriac
-from celeriac.beat import Beat
 from celeriac.beat.entries import parse_entry
+from celeriac.beat.service import Beat
 from celeriac.cli import main
 from celeriac.cli.events import format_event, render
 from celeriac.dashboard import create_app

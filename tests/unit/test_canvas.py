@@ -431,7 +431,7 @@ def test_canvas_messages_have_send_tasks_headers(app: Celeriac) -> None:
 
 
 def test_signatures_of_shared_tasks(eager: Celeriac) -> None:
-    from celeriac import _state
+    from celeriac.runtime import state as _state
 
     def triple(x: int) -> int:
         return 3 * x

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from celeriac import Celeriac, ConfigurationError, DecodeError, MessageTooLarge, Settings
-from celeriac import compression as z
 from celeriac.protocol import Message, validate_headers
+from celeriac.serialization import compression as z
 
 DATA = orjson.dumps([["celeriac " * 500], {"n": 1}, {}])
 
@@ -160,7 +160,7 @@ def test_results_are_stored_compressed_and_read_back() -> None:
 
 
 def test_what_a_worker_sends_after_a_task_is_compressed_and_routed_alike() -> None:
-    from celeriac.worker.followups import _message
+    from celeriac.canvas.followups import _message
 
     app = Celeriac("z", broker="memory://z-follow", task_compression="gzip",
                    task_queues=[kombu.Queue("media", routing_key="media.video")])

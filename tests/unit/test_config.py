@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from celeriac import Celeriac, ConfigurationError, Settings
-from celeriac import config as config_module
-from celeriac.compat.names import DEFAULTS as CELERY_DEFAULTS
-from celeriac.compat.names import OLD_NAMES
-from celeriac.config import CONVERTED, HARMLESS, REFUSED
+from celeriac.settings import config as config_module
+from celeriac.settings.celery_names import DEFAULTS as CELERY_DEFAULTS
+from celeriac.settings.celery_names import OLD_NAMES
+from celeriac.settings.config import CONVERTED, HARMLESS, REFUSED
 
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 BACKEND_PREFIXES = config_module._OTHER_BACKENDS
@@ -67,7 +67,7 @@ def test_refused_settings_raise_naming_the_setting_and_why(name: str) -> None:
 def test_harmless_settings_warn_once_with_the_reason(
         name: str, caplog: pytest.LogCaptureFixture) -> None:
     config_module._warned.discard(name)
-    with caplog.at_level(logging.WARNING, logger="celeriac.config"):
+    with caplog.at_level(logging.WARNING, logger="celeriac.settings.config"):
         Settings().replace(**{name: other_than(CELERY_DEFAULTS.get(name))})
         Settings().replace(**{name: other_than(CELERY_DEFAULTS.get(name))})
     lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]

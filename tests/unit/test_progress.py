@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from celeriac import Celeriac
-from celeriac._progress import META_LIMIT, REPR_LIMIT, RUNNING, ProgressReporter, encode_meta
 from celeriac.events import Event
+from celeriac.runtime.progress import META_LIMIT, REPR_LIMIT, RUNNING, ProgressReporter, encode_meta
 from celeriac.testing import ThreadedWorker, wait_until
 from celeriac.worker.pool import pipes
 

@@ -1,12 +1,12 @@
-"""Redis URL forms (``celeriac.redisclient.topology``): Sentinel in our form and kombu's,
+"""Redis URL forms (``celeriac.clients.redis.topology``): Sentinel in our form and kombu's,
 Cluster, ``replicas_ack``, and the errors that name what is missing."""
 
 from __future__ import annotations
 
 import pytest
 
+from celeriac.clients.redis.topology import master_url, parse
 from celeriac.errors import ConfigurationError
-from celeriac.redisclient.topology import master_url, parse
 from celeriac.transports.base import transport_class
 
 

@@ -9,9 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
-from celeriac import Celeriac, Hooks, compression, serialization
+from celeriac import Celeriac, Hooks, serialization
 from celeriac.producer import SendOptions, builder
 from celeriac.protocol import Message
+from celeriac.serialization import compression
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 import datetime
+import decimal
 import re
 import uuid
 
+import orjson
 import pytest
 
 from celeriac import Celeriac, ContentDisallowed, DecodeError, EncodeError
-from celeriac.serialization import accepted_content_types, dumps, loads, nesting
+from celeriac.serialization import accepted_content_types, dumps, loads, markers, nesting
 
 JSON_ONLY = accepted_content_types(("json",))
 
@@ -14,8 +16,44 @@ def test_json_round_trip_with_common_types() -> None:
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
     ct, data = dumps([1, "a", {"k": None}, when, uuid.UUID(int=1)])
     assert ct == "application/json"
-    assert loads(data, ct, JSON_ONLY) == [1, "a", {"k": None}, when.isoformat(),
-                                          str(uuid.UUID(int=1))]
+    assert loads(data, ct, JSON_ONLY) == [1, "a", {"k": None}, when, uuid.UUID(int=1)]
+
+
+def test_json_carries_what_kombu_s_json_carries_with_its_type_markers() -> None:
+    # Celery's JSON (kombu.utils.json) writes these as {"__type__", "__value__"}: the
+    # same bytes here, so each arrives as its own type on either side.
+    values = {
+        "datetime": datetime.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC),
+        "naive": datetime.datetime(2026, 1, 2, 3, 4, 5),
+        "date": datetime.date(2026, 1, 2),
+        "time": datetime.time(3, 4, 5),
+        "decimal": decimal.Decimal("10.25"),
+        "uuid": uuid.UUID(int=7),
+        "bytes": b"caf\xc3\xa9",
+        "binary": b"\xff\x00\x01",
+        "nested": [(uuid.UUID(int=8), {"at": datetime.date(2026, 3, 4)})],
+    }
+    ct, data = dumps(values)
+    doc = orjson.loads(data)
+    assert doc["datetime"] == {"__type__": "datetime",
+                               "__value__": "2026-01-02T03:04:05.000006+00:00"}
+    assert doc["decimal"] == {"__type__": "decimal", "__value__": "10.25"}
+    assert doc["uuid"] == {"__type__": "uuid", "__value__": {"hex": uuid.UUID(int=7).hex}}
+    assert doc["bytes"] == {"__type__": "bytes", "__value__": "café"}
+    assert doc["binary"] == {"__type__": "base64", "__value__": "/wAB"}
+    back = loads(data, ct, JSON_ONLY)
+    assert back == {**values, "nested": [[uuid.UUID(int=8), {"at": datetime.date(2026, 3, 4)}]]}
+
+
+def test_a_value_without_markers_is_encoded_as_plain_json_and_not_copied() -> None:
+    args = ([1, "a", {"k": [None, 2.5, True]}], {"x": "y"})
+    assert markers.with_uuids(args) is args
+    assert dumps(args)[1] == b'[[1,"a",{"k":[null,2.5,true]}],{"x":"y"}]'
+
+
+def test_an_unknown_type_marker_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError, match="unsupported JSON type marker 'frob'"):
+        loads(b'{"__type__": "frob", "__value__": 1}', "application/json", JSON_ONLY)
 
 
 def test_unencodable_type_is_encode_error() -> None:

@@ -7,13 +7,13 @@ import asyncio
 
 from celeriac import Celeriac, producer
 from celeriac.testing import ThreadedWorker
-from celeriac.worker.execute import EXCEPTION_REPR, RESULT_REPR, execute_message
+from celeriac.worker.execute import EXCEPTION_REPR, RESULT_REPR, Job, Shown, execute
 
 
-def _run(app: Celeriac, name: str, *args: object, task_events: bool) -> tuple[object, ...]:
+def _shown(app: Celeriac, name: str, *args: object, task_events: bool) -> Shown | None:
     message, _, _ = producer.build(app, name, args, None, producer.SendOptions())
-    return execute_message(app, message.headers, message.body, message.content_type,
-                           "celery", 1, "host", task_events)
+    job = Job(1, message.headers, message.body, message.content_type, "celery", 1, "host")
+    return execute(app, job, task_events).shown
 
 
 def test_outcomes_carry_reprs_only_with_task_events(memory_app: Celeriac) -> None:
@@ -25,12 +25,12 @@ def test_outcomes_carry_reprs_only_with_task_events(memory_app: Celeriac) -> Non
     def bad() -> None:
         raise ValueError("x" * 5000)
 
-    assert _run(memory_app, "ok", 3, task_events=False)[5] is None
-    assert _run(memory_app, "bad", task_events=False)[5] is None
-    assert _run(memory_app, "ok", 3, task_events=True)[5] == ("[0, 1, 2]", None)
-    long = _run(memory_app, "ok", 10_000, task_events=True)[5]
+    assert _shown(memory_app, "ok", 3, task_events=False) is None
+    assert _shown(memory_app, "bad", task_events=False) is None
+    assert _shown(memory_app, "ok", 3, task_events=True) == ("[0, 1, 2]", None)
+    long = _shown(memory_app, "ok", 10_000, task_events=True)
     assert long is not None and len(long[0]) <= RESULT_REPR
-    shown = _run(memory_app, "bad", task_events=True)[5]
+    shown = _shown(memory_app, "bad", task_events=True)
     assert shown is not None and shown[0].startswith("ValueError('xxx")
     assert len(shown[0]) <= EXCEPTION_REPR
     assert shown[1] is not None and "raise ValueError" in shown[1]

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from .. import compression, serialization, states
-from .._schemes import SchemeRegistry
-from ..compat.layouts import BACKEND_LAYOUTS, lookup
+from .. import serialization, states
+from ..clients.schemes import SchemeRegistry
 from ..errors import DecodeError, EncodeError
+from ..serialization import compression
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -178,6 +178,13 @@ class ResultBackend(abc.ABC):
         self.store_many([part])
         return self.chord_part(group_id, part.task_id, size)
 
+    def ensure_chords_allowed(self) -> None:
+        """Raise ``NotImplementedError`` (with the reason) if chords cannot complete with
+        this backend; return otherwise (Celery's check, called before sending a chord).
+        Every celeriac backend can: each counts header tasks atomically (``chord_part``),
+        or, with ``chords_by_unlock``, lets ``celery.chord_unlock`` poll them. A backend
+        that could not would override this."""
+
     def close(self) -> None:
         """Release connections held by this process."""
 
@@ -326,6 +333,12 @@ DIRECT_READ = 64
 """``wait_for`` rereads up to this many pending ids after each wake rather than read the
 change feed first. ``_wait`` must then not wake again for what it has already seen."""
 
+BaseKeyValueStoreBackend = ResultBackend
+"""Celery's base class of its key-value result backends (Redis among them), under
+Celery's name (``isinstance(app.backend, BaseKeyValueStoreBackend)``): celeriac's
+backends share one base class, this one. Celery's internals on it (``_apply_chord_incr``,
+``get_key_for_task``...) are not provided: chords are counted by ``chord_part``."""
+
 BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "result backend", {
     "memory": ("celeriac.backends.memory", "MemoryBackend"),
     "sqlite": ("celeriac.backends.sqlite", "SQLiteBackend"),
@@ -339,6 +352,14 @@ BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "resu
     # Celery's SQLAlchemy backend's URL: its celery_taskmeta table (compatibility mode).
     "db+postgresql": ("celeriac.compat.db_results", "CeleryDatabaseBackend"),
     "db+postgres": ("celeriac.compat.db_results", "CeleryDatabaseBackend"),
+}, layouts={
+    # Compatibility mode: Celery's celery-task-meta-<id> keys. A kombu-layout broker URL
+    # that is also the result backend (no result_backend set) means Celery's results, as a
+    # Celery app with that one URL has.
+    ("redis", "celery"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
+    ("rediss", "celery"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
+    ("redis", "kombu"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
+    ("rediss", "kombu"): ("celeriac.compat.redis_results", "CeleryRedisBackend"),
 })
 
 
@@ -352,8 +373,7 @@ def known_schemes() -> list[str]:
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    chosen: type[ResultBackend] | None = lookup(url, BACKEND_LAYOUTS, "result backend")
-    return chosen if chosen is not None else BACKENDS.lookup(url)
+    return BACKENDS.lookup(url)
 
 
 def create_backend(url: str, settings: Settings) -> ResultBackend:

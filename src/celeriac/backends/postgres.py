@@ -51,13 +51,14 @@ import select
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
-from .._net import mask_password
+from ..clients.net import mask_password
 from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
 from .base import ResultBackend, Stored
 
@@ -147,33 +148,43 @@ class _ThreadState:
         self.conn = self.listener = None
 
 
-class PostgresBackend(ResultBackend):
-    scheme = "postgresql"
+def split_url(url: str) -> tuple[str, str, dict[str, str]]:
+    """A PostgreSQL URL's ``namespace`` parameter (the default when absent; unchecked),
+    the libpq connection string without it, and the parameters that remain."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    namespace = dict(pairs).get("namespace", DEFAULT_NAMESPACE)
+    rest = [(k, v) for k, v in pairs if k != "namespace"]
+    return namespace, urlunsplit(parts._replace(query=urlencode(rest))), dict(rest)
 
-    def __init__(self, url: str, settings: Settings) -> None:
-        super().__init__(url, settings)
-        self.safe_url = mask_url(url)
-        parts = urlsplit(url)
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        namespace = dict(pairs).get("namespace", DEFAULT_NAMESPACE)
-        if not _NAMESPACE.fullmatch(namespace):
-            raise ConfigurationError(
-                f"unsafe namespace {namespace!r} in result backend URL {self.safe_url}: "
-                "use 1-43 letters, digits or '_', not starting with a digit"
-            )
-        rest = [(k, v) for k, v in pairs if k != "namespace"]
-        self._conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
-        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in dict(rest):
-            self._connect_kwargs["connect_timeout"] = max(
-                2, math.ceil(settings.broker_connection_timeout))
-        self.table = table = f"{namespace}_results"
-        t, seq = sql.Identifier(table), sql.Identifier(f"{table}_seq")
-        seq_name = sql.Literal(f'"{table}_seq"')  # nextval() parses its text argument
-        self._lock_key = int.from_bytes(
-            hashlib.blake2b(f"celeriac:{table}".encode(), digest_size=8).digest(), "big",
-            signed=True)
-        self._ddl = [
+
+def check_namespace(namespace: str, where: str) -> None:
+    """Refuse a namespace that cannot prefix our table names (``where``: the URL, as the
+    message names it)."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise ConfigurationError(f"unsafe namespace {namespace!r} in {where}: use 1-43 "
+                                 "letters, digits or '_', not starting with a digit")
+
+
+@dataclass(frozen=True, slots=True)
+class _ResultsSQL:
+    """The results table's statements."""
+
+    ddl: list[sql.Composed]
+    upsert: sql.Composed
+    get: sql.Composed
+    cursor: sql.Composed
+    changes: sql.Composed
+    forget: sql.Composed
+    cleanup: sql.Composed
+    listen: sql.Composed
+
+
+def _results_sql(table: str) -> _ResultsSQL:
+    t, seq = sql.Identifier(table), sql.Identifier(f"{table}_seq")
+    seq_name = sql.Literal(f'"{table}_seq"')  # nextval() parses its text argument
+    return _ResultsSQL(
+        ddl=[
             sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(seq),
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (task_id text PRIMARY KEY,"
                     " seq bigint NOT NULL DEFAULT nextval({}), content_type text NOT NULL,"
@@ -184,24 +195,45 @@ class PostgresBackend(ResultBackend):
                 sql.Identifier(f"{table}_seq_idx"), t),
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (expires) WHERE expires IS NOT NULL"
                     ).format(sql.Identifier(f"{table}_expires_idx"), t),
-        ]
+        ],
         # One nextval per write, in VALUES, so a conflicting insert wastes none.
-        self._q_upsert = sql.SQL(
+        upsert=sql.SQL(
             "INSERT INTO {t} (task_id, seq, content_type, data, expires)"
             " VALUES (%s, nextval({s}), %s, %s, %s) ON CONFLICT (task_id) DO UPDATE SET"
             " seq = EXCLUDED.seq, content_type = EXCLUDED.content_type,"
-            " data = EXCLUDED.data, expires = EXCLUDED.expires").format(t=t, s=seq_name)
-        self._q_get = sql.SQL("SELECT task_id, content_type, data FROM {} WHERE task_id = ANY(%s)"
-                              " AND (expires IS NULL OR expires > %s)").format(t)
-        self._q_cursor = sql.SQL("SELECT coalesce(max(seq), 0) FROM {}").format(t)
-        self._q_changes = sql.SQL("SELECT seq, task_id FROM {} WHERE seq > %s ORDER BY seq"
-                                  ).format(t)
-        self._q_forget = sql.SQL("DELETE FROM {} WHERE task_id = %s").format(t)
-        self._q_cleanup = sql.SQL("DELETE FROM {} WHERE expires <= %s").format(t)
-        self._q_listen = sql.SQL("LISTEN {}").format(t)
-        ct, pt = sql.Identifier(f"{namespace}_chords"), sql.Identifier(f"{namespace}_chord_parts")
-        self._chord_tables = (f"{namespace}_chords", f"{namespace}_chord_parts")
-        self._chord_ddl = [
+            " data = EXCLUDED.data, expires = EXCLUDED.expires").format(t=t, s=seq_name),
+        get=sql.SQL("SELECT task_id, content_type, data FROM {} WHERE task_id = ANY(%s)"
+                    " AND (expires IS NULL OR expires > %s)").format(t),
+        cursor=sql.SQL("SELECT coalesce(max(seq), 0) FROM {}").format(t),
+        changes=sql.SQL("SELECT seq, task_id FROM {} WHERE seq > %s ORDER BY seq").format(t),
+        forget=sql.SQL("DELETE FROM {} WHERE task_id = %s").format(t),
+        cleanup=sql.SQL("DELETE FROM {} WHERE expires <= %s").format(t),
+        listen=sql.SQL("LISTEN {}").format(t),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _ChordSQL:
+    """The chord tables' names and statements."""
+
+    tables: tuple[str, str]
+    ddl: list[sql.Composed]
+    row: sql.Composed
+    lock: sql.Composed
+    reset: sql.Composed
+    touch: sql.Composed
+    part: sql.Composed
+    fire: sql.Composed
+    firer: sql.Composed
+    cleanup: sql.Composed
+
+
+def _chord_sql(namespace: str) -> _ChordSQL:
+    chords, parts = f"{namespace}_chords", f"{namespace}_chord_parts"
+    ct, pt = sql.Identifier(chords), sql.Identifier(parts)
+    return _ChordSQL(
+        tables=(chords, parts),
+        ddl=[
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (group_id text PRIMARY KEY,"
                     " fired_by text, expires double precision)"
                     ).format(ct),
@@ -210,28 +242,44 @@ class PostgresBackend(ResultBackend):
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (group_id text NOT NULL REFERENCES {}"
                     " ON DELETE CASCADE, task_id text NOT NULL,"
                     " PRIMARY KEY (group_id, task_id))").format(pt, ct),
-        ]
-        self._q_chord_row = sql.SQL(
-            "INSERT INTO {} (group_id, fired_by, expires) VALUES (%s, NULL, %s)"
-            " ON CONFLICT (group_id) DO NOTHING").format(ct)
-        self._q_chord_lock = sql.SQL(
-            "SELECT expires FROM {} WHERE group_id = %s FOR UPDATE").format(ct)
-        self._q_chord_reset = sql.SQL(
-            "DELETE FROM {} WHERE group_id = %s").format(pt)
-        self._q_chord_touch = sql.SQL(
+        ],
+        row=sql.SQL("INSERT INTO {} (group_id, fired_by, expires) VALUES (%s, NULL, %s)"
+                    " ON CONFLICT (group_id) DO NOTHING").format(ct),
+        lock=sql.SQL("SELECT expires FROM {} WHERE group_id = %s FOR UPDATE").format(ct),
+        reset=sql.SQL("DELETE FROM {} WHERE group_id = %s").format(pt),
+        touch=sql.SQL(
             "UPDATE {} SET expires = %s,"
             " fired_by = CASE WHEN %s THEN NULL ELSE fired_by END WHERE group_id = %s"
-        ).format(ct)
-        self._q_chord_part = sql.SQL(
-            "INSERT INTO {} (group_id, task_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
-        ).format(pt)
-        self._q_chord_fire = sql.SQL(
+        ).format(ct),
+        part=sql.SQL("INSERT INTO {} (group_id, task_id) VALUES (%s, %s)"
+                     " ON CONFLICT DO NOTHING").format(pt),
+        fire=sql.SQL(
             "UPDATE {c} SET fired_by = %s WHERE group_id = %s AND fired_by IS NULL AND"
             " (SELECT count(*) FROM {p} WHERE group_id = %s) >= %s RETURNING 1"
-        ).format(c=ct, p=pt)
-        self._q_chord_firer = sql.SQL("SELECT fired_by FROM {} WHERE group_id = %s").format(ct)
-        self._q_chord_cleanup = sql.SQL(
-            "DELETE FROM {} WHERE expires <= %s").format(ct)  # parts: the cascade
+        ).format(c=ct, p=pt),
+        firer=sql.SQL("SELECT fired_by FROM {} WHERE group_id = %s").format(ct),
+        cleanup=sql.SQL("DELETE FROM {} WHERE expires <= %s").format(ct),  # parts: cascade
+    )
+
+
+class PostgresBackend(ResultBackend):
+    scheme = "postgresql"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        super().__init__(url, settings)
+        self.safe_url = mask_url(url)
+        namespace, self._conninfo, params = split_url(url)
+        check_namespace(namespace, f"result backend URL {self.safe_url}")
+        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            self._connect_kwargs["connect_timeout"] = max(
+                2, math.ceil(settings.broker_connection_timeout))
+        self.table = f"{namespace}_results"
+        self._lock_key = int.from_bytes(
+            hashlib.blake2b(f"celeriac:{self.table}".encode(), digest_size=8).digest(),
+            "big", signed=True)
+        self._sql = _results_sql(self.table)
+        self._chord_sql = _chord_sql(namespace)
         self._pipeline = psycopg.Pipeline.is_supported()
         self._local = threading.local()
         self._states: list[_ThreadState] = []
@@ -287,14 +335,14 @@ class PostgresBackend(ResultBackend):
             # NOT EXISTS can still fail on the catalog's unique indexes.
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
-                for statement in self._ddl:
+                for statement in self._sql.ddl:
                     conn.execute(statement)
             log.info("result table %s ready in %s", self.table, self.safe_url)
         self._schema_ready = True
 
     def _chord_tables_exist(self, conn: Conn) -> bool:
         row = conn.execute("SELECT to_regclass(%s)",
-                           (f'"{self._chord_tables[1]}"',)).fetchone()
+                           (f'"{self._chord_sql.tables[1]}"',)).fetchone()
         return row is not None and row[0] is not None
 
     def _create_chord_schema(self, conn: Conn) -> None:
@@ -302,9 +350,9 @@ class PostgresBackend(ResultBackend):
         if not self._chord_tables_exist(conn):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
-                for statement in self._chord_ddl:
+                for statement in self._chord_sql.ddl:
                     conn.execute(statement)
-            log.info("chord tables %s ready in %s", ", ".join(self._chord_tables),
+            log.info("chord tables %s ready in %s", ", ".join(self._chord_sql.tables),
                      self.safe_url)
         self._chord_schema_ready = True
 
@@ -347,7 +395,7 @@ class PostgresBackend(ResultBackend):
     def _listen(self) -> _Listener:
         conn = self._connect()
         try:
-            conn.execute(self._q_listen)
+            conn.execute(self._sql.listen)
         except psycopg.Error as exc:
             conn.close()
             raise BrokerUnavailable(f"cannot LISTEN on the PostgreSQL result backend "
@@ -387,7 +435,7 @@ class PostgresBackend(ResultBackend):
                     conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
                 with conn.cursor() as cur:
-                    cur.executemany(self._q_upsert, rows)
+                    cur.executemany(self._sql.upsert, rows)
                 conn.execute("SELECT pg_notify(%s, %s)", (self.table, payload))
 
         self._run(op)
@@ -398,17 +446,17 @@ class PostgresBackend(ResultBackend):
         # Drain before reading: a result written after this read still wakes _wait.
         self._drain()
         rows = self._run(lambda conn: conn.execute(
-            self._q_get, (list(task_ids), time.time()), binary=True).fetchall())
+            self._sql.get, (list(task_ids), time.time()), binary=True).fetchall())
         return {tid: (ct, bytes(data)) for tid, ct, data in rows}
 
     def _cursor(self) -> int:
         self._drain(create=True)  # LISTEN before the first read of a wait_for
-        row = self._run(lambda conn: conn.execute(self._q_cursor).fetchone())
+        row = self._run(lambda conn: conn.execute(self._sql.cursor).fetchone())
         return int(row[0]) if row else 0
 
     def _changes(self, cursor: int) -> tuple[int, list[str]]:
         self._drain()
-        rows = self._run(lambda conn: conn.execute(self._q_changes, (cursor,)).fetchall())
+        rows = self._run(lambda conn: conn.execute(self._sql.changes, (cursor,)).fetchall())
         return (int(rows[-1][0]) if rows else cursor), [r[1] for r in rows]
 
     def _wait(self, timeout: float) -> None:
@@ -425,7 +473,7 @@ class PostgresBackend(ResultBackend):
             state.listener.conn.close()
 
     def forget(self, task_id: str) -> None:
-        self._run(lambda conn: conn.execute(self._q_forget, (task_id,)))
+        self._run(lambda conn: conn.execute(self._sql.forget, (task_id,)))
 
     def chord_part(self, group_id: str, task_id: str, size: int) -> bool:
         expires = self.settings.result_expires
@@ -443,20 +491,20 @@ class PostgresBackend(ResultBackend):
                 # one wait for it), then its lock: from here to commit, no other call on
                 # this chord runs, and the count below, a snapshot taken after the lock
                 # was granted, sees every part committed by the calls before.
-                conn.execute(self._q_chord_row, (group_id, expires_at))
-                row = conn.execute(self._q_chord_lock, (group_id,)).fetchone()
+                conn.execute(self._chord_sql.row, (group_id, expires_at))
+                row = conn.execute(self._chord_sql.lock, (group_id,)).fetchone()
                 expired = row is not None and row[0] is not None and row[0] <= now
                 if expired:  # cleanup has not run yet: this count starts over
-                    conn.execute(self._q_chord_reset, (group_id,))
-                conn.execute(self._q_chord_touch, (expires_at, expired, group_id))
-                conn.execute(self._q_chord_part, (group_id, task_id))
+                    conn.execute(self._chord_sql.reset, (group_id,))
+                conn.execute(self._chord_sql.touch, (expires_at, expired, group_id))
+                conn.execute(self._chord_sql.part, (group_id, task_id))
                 # RETURNING a row only for the call that sets the flag at the full count;
                 # the completing task run again (it may have died before sending the body)
                 # finds its own id there.
-                if conn.execute(self._q_chord_fire, (task_id, group_id, group_id, size)
+                if conn.execute(self._chord_sql.fire, (task_id, group_id, group_id, size)
                                 ).fetchone() is not None:
                     return True
-                firer = conn.execute(self._q_chord_firer, (group_id,)).fetchone()
+                firer = conn.execute(self._chord_sql.firer, (group_id,)).fetchone()
                 return firer is not None and firer[0] == task_id
 
         return self._run(op)
@@ -470,10 +518,10 @@ class PostgresBackend(ResultBackend):
                 if not self._chord_tables_exist(conn):
                     return
                 self._chord_schema_ready = True
-            conn.execute(self._q_chord_cleanup, (now,))
+            conn.execute(self._chord_sql.cleanup, (now,))
 
         self._run(clean_chords)
-        deleted = self._run(lambda conn: conn.execute(self._q_cleanup, (now,)).rowcount)
+        deleted = self._run(lambda conn: conn.execute(self._sql.cleanup, (now,)).rowcount)
         if deleted:
             log.debug("deleted %d expired results from %s", deleted, self.table)
         return deleted

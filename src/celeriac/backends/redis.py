@@ -36,14 +36,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..redisclient import Connector
+from ..clients.redis import Connector
 from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster
 
-    from ..redisclient.cluster import ClusterConnector
+    from ..clients.redis.cluster import ClusterConnector
     from ..settings import Settings
 
     Client = redis.Redis | RedisCluster

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..redisclient.cluster import ClusterConnector
+from ..clients.redis.cluster import ClusterConnector
 from .base import ResultBackend, Stored
 from .redis import _PAGE, FEED_LENGTH, RedisBackend, encode_value, expiry_ms
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._sqlite import Database, Doorbell, Listener, path_from_url
+from ..clients.sqlite import Database, Doorbell, Listener, path_from_url
 from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:

@@ -1,18 +1,13 @@
 """Periodic tasks: ``celeriac beat``, any number of them, sending each due time once.
 
 - ``entries``: ``BeatEntry`` and Celery's ``beat_schedule`` dict form;
-- ``store``: ``BeatStore``, beat's name for the deployment's shared store
-  (``celeriac.stores``: the beat lease, run-key claims, entries; which store an app
-  uses);
+- what beats share (the beat lease, run-key claims, entries) lives in the
+  deployment's shared store, ``celeriac.stores``;
 - ``service``: ``Beat``, the scheduler's tick; ``runner``: it on a Timer;
-  ``step``: ``worker -B``; ``api``: ``app.beat``.
+  ``step``: ``worker -B``; ``api``: ``app.beat``;
+- ``schedules`` and ``solar``: Celery's ``schedule``, ``crontab`` and ``solar``
+  (``celeriac.schedules`` is their public path).
+
+Nothing is imported here: a configuration module's ``from celeriac.schedules import
+crontab`` loads the schedules, not the scheduler (which stands on the worker's Timer).
 """
-
-from __future__ import annotations
-
-from .api import BeatAPI
-from .entries import BeatEntry, parse_entry
-from .service import Beat
-from .store import BeatStore, open_store
-
-__all__ = ["Beat", "BeatAPI", "BeatEntry", "BeatStore", "open_store", "parse_entry"]

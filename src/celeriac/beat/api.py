@@ -14,20 +14,28 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import schedules
 from ..errors import ConfigurationError
-from ..stores import SharedStore, open_store
+from ..stores import SharedStore, open_store, store_url
+from . import schedules
 from .entries import BeatEntry, bind_tz, parse_entry
 from .service import Beat, configured_entries, from_ms
+from .step import BeatStep
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..worker.blueprint import Step
 
 
 class BeatAPI:
     def __init__(self, app: Celeriac, store: SharedStore | None = None) -> None:
         self.app = app
         self._store = store
+
+    def worker_step(self) -> type[Step]:
+        """The step that runs a beat on a worker's Timer (``worker -B``). The beat's store
+        is checked now: a worker that could not run its beat fails as it starts."""
+        store_url(self.app.settings)
+        return BeatStep
 
     @property
     def store(self) -> SharedStore:

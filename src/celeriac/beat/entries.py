@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from .. import schedules
 from ..errors import ConfigurationError
+from . import schedules
 
 MISSED_POLICIES = ("once", "all", "skip")
 FIELDS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative"})

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import schedules
 from ..errors import CeleriacError
 from ..events import EventDispatcher
 from ..stores import BEAT_LEASE, SharedStore, open_store, run_key
+from . import schedules
 from .entries import BeatEntry, bind_tz, entries_from_settings
 
 if TYPE_CHECKING:

@@ -11,18 +11,21 @@ embed's ``chain``: last step first (the worker pops the next step off the end), 
 its task id assigned up front, ``parent_id`` the step before and ``root_id`` the
 workflow's first task. A group sends its members in bulk round trips (1,000 messages
 each), every message with the group's id in its ``group`` header and its place in
-``group_index``. Chords are not available yet.
+``group_index``. A chord is a group whose members count themselves done in the result backend; the
+count that completes it sends the body.
 
-``signature.py``: ``Signature`` and sending one; ``workflows.py``: ``chain``, ``group``
-(``chord``'s placeholder); ``celeriac/builtins.py``: map, starmap, chunks and the
-``celery.map``/``celery.starmap`` tasks every app registers.
+``signature.py``: ``Signature`` and sending one; ``workflows.py``: ``chain``, ``group``,
+``chord``; ``builtins.py``: map, starmap, chunks and the ``celery.map``,
+``celery.starmap`` and ``celery.chord_unlock`` tasks every app registers;
+``followups.py``: what a worker sends after a task ran (the rest of a chain, callbacks,
+errbacks, a chord's count and body).
 
-Import order: ``celeriac.builtins`` needs this package's modules, so it is imported from
-here (never before this package: ``app.py`` imports ``register_builtins`` from here).
+The canvas sits below the task class (``celeriac.tasks`` imports it for ``Task.s`` and
+``Task.map``) and knows a task by what it has, never by its class.
 """
 
-from ..builtins import chunks, register_builtins, xmap, xstarmap
 from ..result import GroupResult
+from .builtins import chunks, register_builtins, xmap, xstarmap
 from .signature import Signature, maybe_signature, signature
 from .workflows import chain, chord, group
 

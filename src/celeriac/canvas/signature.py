@@ -5,19 +5,19 @@ from __future__ import annotations
 import builtins
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
-from .. import _state
-from .._request import current_request
-from .._state import SharedTask
 from ..errors import NotRegistered
 from ..producer import SendOptions, prepare, send
 from ..protocol import new_id
 from ..result import AsyncResult, GroupResult
-from ..tasks import Task
+from ..runtime import state as _state
+from ..runtime.request import current_request
+from ..runtime.state import SharedTask
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..tasks import Task
     from ..transports.base import Outgoing
 
 Result = AsyncResult[Any] | GroupResult
@@ -55,13 +55,16 @@ class Signature(dict[str, Any]):
             for key in KEYS:
                 self.setdefault(key, False if key == "immutable" else None)
             return
-        if isinstance(task, Task):
-            self._type, name = task, task.name
-            self._app = app or task.app
-        elif isinstance(task, str) and task:
+        if isinstance(task, str) and task:
             name = task
         elif isinstance(task, SharedTask):
             name = str(task.name)
+        elif isinstance(getattr(task, "name", None), str) and hasattr(task, "apply_async"):
+            # A task, told by what it has (as Celery does): the canvas sits below the task
+            # class and never imports it.
+            self._type = cast("Task[Any, Any]", task)
+            name = self._type.name
+            self._app = app or self._type.app
         else:
             raise TypeError(f"a signature needs a task or a task name, got {task!r}")
         super().__init__(task=name, args=tuple(args or ()), kwargs=dict(kwargs or {}),
@@ -201,13 +204,13 @@ class Signature(dict[str, Any]):
         return AsyncResult(tid, self.app, self.task)
 
     def __or__(self, other: Any) -> Any:
-        # ``|`` chains (Celery's canvas), where a dict's would merge.
-        from .workflows import chain, group
-
+        # ``|`` chains (Celery's canvas), where a dict's would merge. The workflow classes
+        # come from TYPES (workflows.py fills it when the package loads): they subclass
+        # this one, so this module cannot import them.
+        chain, group, chord = (cast(Any, self.TYPES[kind]) for kind in ("chain", "group",
+                                                                         "chord"))
         if isinstance(self, group) and isinstance(other, Signature) and not isinstance(
                 other, (group, chain)):
-            from .workflows import chord
-
             return chord(self, other.clone(), app=self._app or other._app)
         if not isinstance(other, Signature):
             return NotImplemented

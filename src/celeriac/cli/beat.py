@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .. import schedules
+from ..beat import schedules
 from ..beat.runner import run_standalone
 from .loader import AppLoader
 from .worker import LEVELS, setup_logging

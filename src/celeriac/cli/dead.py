@@ -10,9 +10,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from .. import compression
 from ..errors import DecodeError
 from ..protocol import Message
+from ..serialization import compression
 from ..transports.base import DeadLetter
 from .loader import AppLoader
 

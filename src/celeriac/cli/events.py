@@ -18,8 +18,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .._net import mask_password
 from ..app import Celeriac
+from ..clients.net import mask_password
 from ..events import ClusterState, Event, EventReceiver, JSONLinesCamera
 from ..events.cameras import Camera, load_camera
 from ..events.state import describe_progress

@@ -60,12 +60,15 @@ def _worker_options() -> dict[str, bool]:
     return known
 
 
+# multi's own options (not passed to the workers): option -> Options field.
+_OWN = {"-A": "app", "--app": "app", "--pidfile": "pidfile", "-f": "logfile",
+        "--logfile": "logfile", "--timeout": "timeout"}
+
+
 def parse(args: Sequence[str]) -> Options:
     """Node names and options in any order, as ``celery multi`` takes them."""
     opts = Options()
-    worker_opts = _worker_options()
-    own = {"-A": "app", "--app": "app", "--pidfile": "pidfile", "-f": "logfile",
-           "--logfile": "logfile", "--timeout": "timeout"}
+    takes_value: dict[str, bool] = {**_worker_options(), **dict.fromkeys(_OWN, True)}
     rest = list(args)
     while rest:
         arg = rest.pop(0)
@@ -75,31 +78,41 @@ def parse(args: Sequence[str]) -> Options:
         if not arg.startswith("-") or arg == "-":
             opts.names.append(arg)
             continue
-        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        if not arg.startswith("--") and len(arg) > 2:  # -c2, -Aproj
-            name, eq, value = arg[:2], "=", arg[2:]
-        if name in ("-n", "--hostname"):
-            raise click.UsageError("node names are the NAME arguments (w1 is w1@%h), "
-                                   "not -n")
-        takes_value = name in own or worker_opts.get(name)
-        if takes_value is None:
-            raise click.UsageError(f"no such worker option: {name}")
-        if eq and not takes_value:
-            raise click.UsageError(f"option {name} takes no value: {arg}")
-        if takes_value and not eq:
-            if not rest:
-                raise click.UsageError(f"option {name} needs a value")
-            value = rest.pop(0)
-        if name in own:
-            _set_own(opts, own[name], name, value)
-        elif takes_value:
-            opts.worker_args += [name, value]
-        else:
+        name, value = _option(arg, rest, takes_value)
+        if value is None:  # a flag
             opts.worker_args.append(name)
+        elif name in _OWN:
+            _set_own(opts, _OWN[name], name, value)
+        else:
+            opts.worker_args += [name, value]
     if len(opts.names) == 1 and opts.names[0].isdigit():
         # `multi start 3`: celeriac1, celeriac2, celeriac3 (Celery's celery1...).
         opts.names = [f"{NODENAME_DEFAULT}{i}" for i in range(1, int(opts.names[0]) + 1)]
     return opts
+
+
+def _option(arg: str, rest: list[str], takes_value: dict[str, bool]
+            ) -> tuple[str, str | None]:
+    """The option ``arg`` names and its value (None for a flag), from ``arg`` itself
+    (``--x=v``, ``-xv``) or else taken from the head of ``rest``."""
+    name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+    if not arg.startswith("--") and len(arg) > 2:  # -c2, -Aproj
+        name, eq, value = arg[:2], "=", arg[2:]
+    if name in ("-n", "--hostname"):
+        raise click.UsageError("node names are the NAME arguments (w1 is w1@%h), "
+                               "not -n")
+    wants = takes_value.get(name)
+    if wants is None:
+        raise click.UsageError(f"no such worker option: {name}")
+    if eq and not wants:
+        raise click.UsageError(f"option {name} takes no value: {arg}")
+    if not wants:
+        return name, None
+    if not eq:
+        if not rest:
+            raise click.UsageError(f"option {name} needs a value")
+        value = rest.pop(0)
+    return name, value
 
 
 def _set_own(opts: Options, field: str, name: str, value: str) -> None:

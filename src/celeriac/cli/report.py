@@ -12,7 +12,7 @@ import platform
 import click
 
 from ..__about__ import __version__
-from .._report import installed_clients, mask_url, settings_lines
+from ..settings.report import installed_clients, mask_url, settings_lines
 from .loader import AppLoader
 
 

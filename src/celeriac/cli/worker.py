@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +15,9 @@ from ..worker.pool import POOLS
 from .loader import AppLoader
 from .nodenames import node_format, worker_hostname
 from .pidfile import Pidfile
+
+if TYPE_CHECKING:
+    from ..app import Celeriac
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -132,15 +135,8 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None,
         lock.check()  # before connecting anywhere: a second worker fails fast
     try:
         app = load()
-        # After the app is loaded, so that its setup_logging receivers are connected: a
-        # receiver configures logging itself (Celery's rule), else we do.
-        if not signals.setup_logging.receivers:
-            setup_logging(loglevel, logpath)
-        signals.setup_logging.send(sender=None, loglevel=loglevel.upper(), logfile=logpath,
-                                   format=FORMAT, colorize=False)
-        signals.after_setup_logger.send(sender=None, logger=logging.getLogger(),
-                                        loglevel=loglevel.upper(), logfile=logpath,
-                                        format=FORMAT, colorize=False)
+        # After the app is loaded, so that its setup_logging receivers are connected.
+        _start_logging(loglevel, logpath)
         overrides: dict[str, Any] = {
             "worker_max_tasks_per_child": max_tasks_per_child,
             "worker_max_memory_per_child": max_memory_per_child,
@@ -154,17 +150,7 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None,
             # Written once the broker answers: `celeriac multi start` takes the file for
             # "started".
             lock.acquire()
-        queue_list = _names(queues) or app.default_queues
-        try:
-            for queue in queue_list:
-                app.routing.check(queue)
-        except ConfigurationError as exc:
-            raise click.UsageError(f"-Q {queues}: {exc}") from None
-        if exclude_queues:
-            excluded = set(_names(exclude_queues))
-            queue_list = [q for q in queue_list if q not in excluded]
-            if not queue_list:
-                raise click.UsageError(f"-X {exclude_queues} leaves no queue to consume")
+        queue_list = _queues(app, queues, exclude_queues)
         w = Worker(app, hostname=hostname, concurrency=concurrency, queues=queue_list,
                    pool=pool, autoscale=autoscale, task_events=task_events or None,
                    heartbeat=False if without_heartbeat else None, beat=beat,
@@ -177,6 +163,35 @@ def worker(load: AppLoader, concurrency: int | None, queues: str | None,
         if lock is not None:
             lock.release()
     sys.exit(code)
+
+
+def _start_logging(loglevel: str, logpath: str | None) -> None:
+    """Logging set up, and Celery's logging signals sent: a ``setup_logging`` receiver
+    configures logging itself (Celery's rule), else we do."""
+    if not signals.setup_logging.receivers:
+        setup_logging(loglevel, logpath)
+    signals.setup_logging.send(sender=None, loglevel=loglevel.upper(), logfile=logpath,
+                               format=FORMAT, colorize=False)
+    signals.after_setup_logger.send(sender=None, logger=logging.getLogger(),
+                                    loglevel=loglevel.upper(), logfile=logpath,
+                                    format=FORMAT, colorize=False)
+
+
+def _queues(app: Celeriac, queues: str | None, exclude_queues: str | None) -> list[str]:
+    """The queues to consume: ``-Q`` (else the app's), each checked against
+    ``task_queues``, less ``-X``."""
+    queue_list = _names(queues) or app.default_queues
+    try:
+        for queue in queue_list:
+            app.routing.check(queue)
+    except ConfigurationError as exc:
+        raise click.UsageError(f"-Q {queues}: {exc}") from None
+    if exclude_queues:
+        excluded = set(_names(exclude_queues))
+        queue_list = [q for q in queue_list if q not in excluded]
+        if not queue_list:
+            raise click.UsageError(f"-X {exclude_queues} leaves no queue to consume")
+    return queue_list
 
 
 def _names(option: str | None) -> list[str]:

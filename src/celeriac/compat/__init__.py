@@ -4,19 +4,16 @@ stores, remote control and monitoring with Celery 5.7 (compatibility mode).
 The message protocol (v2 headers, ``[args, kwargs, embed]`` bodies) is the same
 everywhere and lives in ``protocol.py``; what differs is where messages, results,
 commands and events are kept. Everything here is chosen by a URL, never imported by
-the core: ``transports/base.transport_class`` and ``backends/base.backend_class`` ask
-``layouts.py`` first, and ``backends/base.BACKENDS`` names ``db_results`` for Celery's
-``db+postgresql://`` URL (a lazy (module, class) entry, as every scheme's). The one
+the core: the scheme registries (``transports/base.TRANSPORTS``,
+``backends/base.BACKENDS``; ``clients/schemes.py``) name these classes for a URL's
+``?layout=kombu`` or ``?layout=celery`` and for Celery's ``db+postgresql://`` URL, lazy
+(module, class) entries as every scheme's. The one
 other seam is ``pidbox.reply_exchange_for``, which ``app.control`` and ``Mingle`` ask
 which reply exchange a command names.
 
 ============================ ==============================================================
 module                       what it holds
 ============================ ==============================================================
-``names.py``                 Celery 5.7's setting names, defaults and pre-4.0 uppercase
-                             names (generated data; ``config.py`` decides what each means)
-``layouts.py``               which class a URL's ``layout`` parameter selects
-                             (``?layout=kombu`` brokers, ``?layout=celery`` results)
 ``kombu_wire.py``            kombu's Redis layout: key names (``Keys``), priority steps, the
                              envelope, delivery counts, ``Exchange``, the fetch/move scripts
 ``redis_broker.py``          ``KombuRedisTransport`` (``redis://...?layout=kombu``): kombu's
@@ -37,7 +34,9 @@ module                       what it holds
 ============================ ==============================================================
 
 Imports run one way: the brokers and backends use ``kombu_wire``, ``channels``,
-``pidbox`` and ``events``; ``layouts`` and ``names`` import nothing of this package.
-Celery's ``celery.chord_unlock`` task is in ``builtins.py``. ``tests/compat/`` runs all
-of it against a real Celery 5.7.
+``pidbox`` and ``events``. Two of Celery's formats live with what reads them:
+Celery's setting names are celeriac's own (``settings/celery_names.py``: a Celery
+configuration ports unchanged, in or out of compatibility mode), and Celery's
+``celery.chord_unlock`` task is one of the canvas's tasks (``canvas/builtins.py``).
+``tests/compat/`` runs all of it against a real Celery 5.7.
 """

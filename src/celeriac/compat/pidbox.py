@@ -33,9 +33,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..clients.schemes import layout
 from ..transports.base import REPLY_EXCHANGE as CELERIAC_REPLY_EXCHANGE
 from .kombu_wire import Exchange
-from .layouts import layout
 
 NAMESPACE = "celery"
 """Celery's ``control_exchange`` default; other values are refused by our settings."""

@@ -43,9 +43,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
+from ..clients.redis import Connector
 from ..errors import ConfigurationError
 from ..protocol import Delivery, new_id, utcnow
-from ..redisclient import Connector
 from ..transports.base import DeadLetter, Outgoing, Subscription
 from ..transports.redis import RedisTransport
 from . import kombu_wire as kw
@@ -189,7 +189,7 @@ class KombuRedisTransport(RedisTransport):
             await asyncio.sleep(min(self._poll, remaining))
             self._poll = min(self._poll * 2, _POLL_MAX)
 
-    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Any],
+    async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Any],
                        results_namespace: str | None, queues: Sequence[str], limit: int
                        ) -> list[Delivery]:
         if results:

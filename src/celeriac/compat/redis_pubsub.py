@@ -44,7 +44,7 @@ from .kombu_wire import Exchange
 if TYPE_CHECKING:
     import redis.asyncio as aredis
 
-    from ..redisclient import Connector
+    from ..clients.redis import Connector
 
 logger = logging.getLogger("celeriac.transports.kombu_pubsub")
 

@@ -50,8 +50,8 @@ import orjson
 
 from .. import states
 from ..backends.base import GROUP_KEY_PREFIX, ResultBackend, Stored, tuple_id
+from ..clients.redis import Connector
 from ..errors import ConfigurationError
-from ..redisclient import Connector
 from .redis_broker import split_options
 
 if TYPE_CHECKING:

@@ -14,6 +14,15 @@ Registered as the ``pytest11`` entry point ``celeriac``, so installing celeriac 
   ``celery_worker_pool``, ``celeriac_worker_parameters`` / ``celery_worker_parameters``.
 - Markers ``@pytest.mark.celeriac(**settings)`` and ``@pytest.mark.celery(**settings)``
   override settings for one test (or a class or module).
+- Session-scoped, as Celery's: ``celeriac_session_app`` / ``celery_session_app`` (one app
+  for the whole run, current and default), ``celeriac_session_worker`` /
+  ``celery_session_worker`` (a worker on it for the whole run, started with
+  ``celeriac.contrib.testing.worker.start_worker``: named ``gen<pid>@<host>``, a
+  ``celery.ping`` check before the first test), ``celery_class_tasks`` (class-based
+  tasks the session app registers, ``app.register_task``), and
+  ``depends_on_current_app``. A test that uses the session worker sends through any app
+  on the same broker (Celery's suites send through ``celery_app``): use a real broker
+  for them, since a ``memory://`` broker is private to the app that made it.
 
 Each pair is one chain, never two definitions of one thing: the ``celery_*`` config
 fixture is the input and defaults to empty (as in Celery), the ``celeriac_*`` one is built
@@ -36,6 +45,7 @@ import pytest
 # The plugin loads in every pytest run of an environment with celeriac installed; this
 # module's package, ``celeriac``, imports all of these but ``testing`` (standard modules).
 from celeriac.app import Celeriac
+from celeriac.contrib.testing.worker import start_worker
 from celeriac.settings import Settings
 from celeriac.tasks import Task
 from celeriac.testing import ThreadedWorker
@@ -177,6 +187,63 @@ def celeriac_worker(celery_app: Celeriac, celeriac_worker_pool: str,
 def celery_worker(celeriac_worker: ThreadedWorker) -> ThreadedWorker:
     """Celery's name for ``celeriac_worker``."""
     return celeriac_worker
+
+
+@pytest.fixture
+def depends_on_current_app(celery_app: Celeriac) -> None:
+    """Make ``celery_app`` the current app for the test (Celery's fixture)."""
+    celery_app.set_current()
+
+
+# -- the session's app and worker (Celery's) ----------------------------------------------
+@pytest.fixture(scope="session")
+def celery_class_tasks() -> Sequence[type[Task[Any, Any]]]:
+    """Class-based tasks (``class T(Task)`` with ``run``) the session app registers."""
+    return ()
+
+
+@pytest.fixture(scope="session")
+def celeriac_session_app(celeriac_config: Mapping[str, Any],
+                         celeriac_parameters: Mapping[str, Any],
+                         celeriac_includes: Sequence[str]) -> Iterator[Celeriac]:
+    """One app for the whole run, made as ``celeriac_app`` makes one (markers aside: a
+    session has none), and the current and default app; closed at the end."""
+    app = create_app(celeriac_config, celeriac_parameters)
+    try:
+        include(app, celeriac_includes)
+        app.set_default()
+        app.set_current()
+        yield app
+    finally:
+        app.close()
+
+
+@pytest.fixture(scope="session")
+def celery_session_app(celeriac_session_app: Celeriac) -> Celeriac:
+    """Celery's name for ``celeriac_session_app``; what ``celeriac_session_worker`` runs
+    on."""
+    return celeriac_session_app
+
+
+@pytest.fixture(scope="session")
+def celeriac_session_worker(celery_session_app: Celeriac,
+                            celery_class_tasks: Sequence[type[Task[Any, Any]]],
+                            celeriac_worker_pool: str,
+                            celeriac_worker_parameters: Mapping[str, Any]
+                            ) -> Iterator[ThreadedWorker]:
+    """A real worker on the session app for the whole run, in a thread of this process
+    (``start_worker``); stopped, warm, at the end."""
+    for task in celery_class_tasks:
+        celery_session_app.register_task(task)
+    options = {"pool": celeriac_worker_pool, **celeriac_worker_parameters}
+    with start_worker(celery_session_app, **options) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="session")
+def celery_session_worker(celeriac_session_worker: ThreadedWorker) -> ThreadedWorker:
+    """Celery's name for ``celeriac_session_worker``."""
+    return celeriac_session_worker
 
 
 # -- helpers (public: a session-scoped fixture of the user's own can use them) ------------

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._state import current_app
 from ..compat.pidbox import reply_exchange_for
+from ..runtime.state import current_app
 from ..transports.base import Transport, create_transport
 
 # The command families register themselves with the registry as they are imported:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..__about__ import __version__
-from .._net import mask_password
-from .._report import _describe, censor, installed_clients, mask_url, settings_lines
+from ..clients.net import mask_password
 from ..settings import Settings
+from ..settings.report import _describe, censor, installed_clients, mask_url, settings_lines
 from .mailbox import ok
 from .registry import inspect_command
 

@@ -54,8 +54,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._rates import parse_rate
 from ..control import merge
+from ..settings.rates import parse_rate
 
 if TYPE_CHECKING:
     from .monitor import Monitor

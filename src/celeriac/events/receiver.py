@@ -99,21 +99,18 @@ class EventReceiver:
             return event
         if not self._opened:
             raise RuntimeError("EventReceiver.get() before open()")
-        deadline = time.monotonic() + timeout
+        return await self._receive(time.monotonic() + timeout)
+
+    async def _receive(self, deadline: float) -> Event | None:
+        """The next event of the payloads read from the subscription until ``deadline``
+        (monotonic); a broken subscription is made again, with backoff."""
         attempt = 0
         while True:
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
-                if self._sub is None:
-                    self._sub = await self.transport.subscribe(EVENTS_CHANNEL)
-                    logger.info("events: subscribed again")
-                payload = await self._sub.get(remaining)
+                payload = await self._read(remaining)
             except Exception as exc:  # any client error: the subscription is gone
-                if attempt == 0:
-                    logger.warning("events: subscription lost (%s); subscribing again", exc)
-                sub, self._sub = self._sub, None
-                if sub is not None:
-                    await _quietly_close(sub)
+                await self._drop(exc, first=attempt == 0)
                 delay = min(BACKOFF_FIRST * 2 ** attempt, BACKOFF_MAX, remaining)
                 attempt += 1
                 if delay <= 0:
@@ -124,10 +121,23 @@ class EventReceiver:
                 return None
             self._load(payload)
             event = self._next()
-            if event is not None:
+            if event is not None or remaining <= 0:
                 return event
-            if remaining <= 0:
-                return None
+
+    async def _read(self, timeout: float) -> bytes | None:
+        """The next payload, subscribing first if the subscription was lost."""
+        if self._sub is None:
+            self._sub = await self.transport.subscribe(EVENTS_CHANNEL)
+            logger.info("events: subscribed again")
+        return await self._sub.get(timeout)
+
+    async def _drop(self, exc: Exception, *, first: bool) -> None:
+        """Forget the broken subscription (logged at the first failure of a ``get``)."""
+        if first:
+            logger.warning("events: subscription lost (%s); subscribing again", exc)
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            await _quietly_close(sub)
 
     def _load(self, payload: bytes) -> None:
         try:

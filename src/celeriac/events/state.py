@@ -257,6 +257,29 @@ class ClusterState:
         uuid = event.get("uuid")
         if not isinstance(uuid, str):
             return
+        task = self._task(uuid)
+        hostname = event.get("hostname")
+        hostname = hostname if isinstance(hostname, str) else None
+        clock, timestamp = _int(event.get("clock")), _float(event.get("timestamp"))
+        old_name, old_worker, old_state = task.name, task.worker, task.state
+        new_state = _reported_state(task, type_, event, hostname, clock, timestamp)
+        if new_state is not None and _advances(task, new_state, hostname, clock, timestamp):
+            task.state, task.timestamp, task.clock, task.origin = (
+                new_state, timestamp, clock, hostname)
+            _update(task, type_, event, hostname)
+        else:  # an older event, or one that sets no state: fill in what is missing
+            _fill_in(task, type_, event, hostname)
+        if type_ == "task-sent":
+            task.client = hostname
+        elif hostname is not None:
+            worker = self._worker(hostname)
+            if not worker.offline:
+                self._sign_of_life(worker, event)
+        self._index(task, old_name, old_worker, old_state)
+        self._count(type_, task, old_state, event)
+
+    def _task(self, uuid: str) -> TaskState:
+        """The task ``uuid`` (made if new), now the most recently updated."""
         task = self.tasks.get(uuid)
         if task is None:
             task = self.tasks[uuid] = TaskState(uuid)
@@ -265,38 +288,11 @@ class ClusterState:
                 self._evict(self.tasks.popitem(last=False)[1])
         else:
             self.tasks.move_to_end(uuid)
-        hostname = event.get("hostname")
-        hostname = hostname if isinstance(hostname, str) else None
-        clock, timestamp = _int(event.get("clock")), _float(event.get("timestamp"))
-        old_name, old_worker, old_state = task.name, task.worker, task.state
-        known = TASK_EVENTS.get(type_)
-        new_state: str | None = None
-        if known is not None:
-            setattr(task, known[1], timestamp)
-            new_state = known[0]
-        elif type_ == PROGRESS:
-            new_state = _progress(task, event, hostname, clock, timestamp)
-        if new_state is not None and _advances(task, new_state, hostname, clock, timestamp):
-            task.state, task.timestamp, task.clock, task.origin = (
-                new_state, timestamp, clock, hostname)
-            for name in TASK_FIELDS:
-                if name in event:
-                    setattr(task, name, event[name])
-            if type_ != "task-sent":
-                task.worker = hostname
-        else:  # an older event, or one that sets no state: fill in what is missing
-            for name in TASK_FIELDS:
-                if name in event and getattr(task, name) is None:
-                    setattr(task, name, event[name])
-            if type_ != "task-sent" and task.worker is None:
-                task.worker = hostname
-        if type_ == "task-sent":
-            task.client = hostname
-        elif hostname is not None:
-            worker = self._worker(hostname)
-            if not worker.offline:
-                self._sign_of_life(worker, event)
-        self._index(task, old_name, old_worker, old_state)
+        return task
+
+    def _count(self, type_: str, task: TaskState, old_state: str, event: Event) -> None:
+        """The statistics' share of a task event: a change of state (a progress report's
+        excepted: custom states are not counted), a finished task's runtime."""
         if task.state != old_state and type_ != PROGRESS:
             self._stats.transition(task.name, task.state, self.clock())
         if type_ in ("task-succeeded", "task-failed") and task.name is not None:
@@ -398,6 +394,37 @@ class ClusterState:
                 "workers": [w.as_dict() for w in sorted(self.workers.values(),
                                                         key=lambda w: w.hostname)],
                 "tasks": tasks, "stats": self.stats()}
+
+
+def _reported_state(task: TaskState, type_: str, event: Event, origin: str | None,
+                    clock: int, timestamp: float) -> str | None:
+    """The state a task event puts the task in (None: it sets none), the event's time
+    recorded under its type (``started``...) and a progress report's meta kept."""
+    known = TASK_EVENTS.get(type_)
+    if known is not None:
+        setattr(task, known[1], timestamp)
+        return known[0]
+    if type_ == PROGRESS:
+        return _progress(task, event, origin, clock, timestamp)
+    return None
+
+
+def _update(task: TaskState, type_: str, event: Event, origin: str | None) -> None:
+    """The fields of an event that set the task's state, over the task's."""
+    for name in TASK_FIELDS:
+        if name in event:
+            setattr(task, name, event[name])
+    if type_ != "task-sent":  # sent by a client: it names no worker
+        task.worker = origin
+
+
+def _fill_in(task: TaskState, type_: str, event: Event, origin: str | None) -> None:
+    """The fields of an older event (or one that sets no state) the task lacks."""
+    for name in TASK_FIELDS:
+        if name in event and getattr(task, name) is None:
+            setattr(task, name, event[name])
+    if type_ != "task-sent" and task.worker is None:
+        task.worker = origin
 
 
 def _advances(task: TaskState, new: str, origin: str | None, clock: int,

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _request
-from .. import compression as _compression
 from .. import result as _result
 from ..errors import ConfigurationError, MessageTooLarge
 from ..protocol import Message, new_id, task_headers, task_properties, utcnow
+from ..runtime import request as _request
+from ..serialization import compression as _compression
 from ..transports.base import Outgoing
 from .messages import absolute_time, encode_body
 from .options import SendOptions
@@ -45,32 +45,11 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     taken as checked (``SendOptions.check``). ``lenient`` is a worker's follow-up's
     policy: a compression it cannot apply is logged and the message sent uncompressed,
     where a producer raises and publishes nothing."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    # Exact types first: the ABC checks cost a microsecond each, on every message.
-    if args is not None and type(args) not in (tuple, list) and (
-            isinstance(args, (str, bytes)) or not isinstance(args, Sequence)):
-        raise TypeError(f"args must be a list or tuple, got {type(args).__name__}")
-    if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
-        raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
+    # The checks and the lineage headers are one call each; the rest stays inline: this
+    # runs for every delay(), and a call costs about a tenth of a microsecond.
+    _check_call(app, name, args, kwargs, options)
     o = options
-    if o.exchange is not None and not app.routing.allows(o.exchange, None):
-        raise ConfigurationError(f"send_task({name!r}): exchange={o.exchange!r} is not "
-                                 "supported: messages go to the queue named by queue= "
-                                 "or routing_key= (or bound by it in task_queues); "
-                                 "nothing was sent")
-    extra = dict(o.headers) if o.headers else {}
-    if o.shadow is not None:
-        extra["shadow"] = o.shadow
-    if o.group_id is not None:
-        extra["group"] = o.group_id
-    if o.group_index is not None:
-        extra["group_index"] = o.group_index
-    current = _request.current_request() if o.add_to_parent else None
-    if o.parent_id is not None or current is not None:
-        extra["parent_id"] = o.parent_id or (current.id if current else None)
-    if o.root_id is not None or current is not None:
-        extra["root_id"] = o.root_id or (current.root_id or current.id if current else None)
+    extra = _extra_headers(o)
     args, kwargs = list(args or ()), dict(kwargs or {})
     task_id = o.task_id or new_id()
     now = utcnow()
@@ -85,25 +64,8 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     content_type, body = encode_body(name, args, kwargs, serializer, o.embed)
     compression = o.compression or settings.task_compression
     if compression is not None:
-        if lenient:
-            if len(body) <= settings.max_message_size:
-                if _compression.known_name(compression):
-                    extra[_compression.HEADER], body = _compression.compress(body, compression)
-                else:
-                    logger.warning("Task %s[%s]: unknown compression %r in its options: "
-                                   "sent uncompressed", name, task_id, compression)
-        elif len(body) > settings.max_message_size:
-            # A worker refuses what expands past it: say so here, as for a plain body.
-            raise MessageTooLarge(
-                f"message for task {name!r} is {len(body)} bytes before compression, "
-                f"over max_message_size={settings.max_message_size}; nothing was "
-                "published")
-        else:
-            try:
-                extra[_compression.HEADER], body = _compression.compress(body, compression)
-            except ConfigurationError as exc:
-                raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
-                                         "published") from None
+        body = _compress(name, task_id, body, compression, extra, settings.max_message_size,
+                         lenient)
     a_repr, k_repr = _request.args_repr(args, kwargs)
     h = task_headers(
         task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
@@ -118,11 +80,80 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     queue = o.queue or (app.queue_for_key(o.routing_key) if o.routing_key else None) \
         or app.route(name)
     if not settings.task_create_missing_queues:
+        _check_queue(app, name, queue, lenient)
+    return message, queue, delay
+
+
+def _check_call(app: Celeriac, name: str, args: Sequence[Any] | None,
+                kwargs: Mapping[str, Any] | None, o: SendOptions) -> None:
+    """Refuse a call ``build`` cannot send: a bad name, arguments or exchange."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    # Exact types first: the ABC checks cost a microsecond each, on every message.
+    if args is not None and type(args) not in (tuple, list) and (
+            isinstance(args, (str, bytes)) or not isinstance(args, Sequence)):
+        raise TypeError(f"args must be a list or tuple, got {type(args).__name__}")
+    if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
+    if o.exchange is not None and not app.routing.allows(o.exchange, None):
+        raise ConfigurationError(f"send_task({name!r}): exchange={o.exchange!r} is not "
+                                 "supported: messages go to the queue named by queue= "
+                                 "or routing_key= (or bound by it in task_queues); "
+                                 "nothing was sent")
+
+
+def _extra_headers(o: SendOptions) -> dict[str, Any]:
+    """The headers beyond ``task_headers``' own arguments: the call's ``headers``, then
+    the shadow name, the group and the lineage (``parent_id``, ``root_id``: the options',
+    else those of the task running now, when ``add_to_parent``)."""
+    extra = dict(o.headers) if o.headers else {}
+    if o.shadow is not None:
+        extra["shadow"] = o.shadow
+    if o.group_id is not None:
+        extra["group"] = o.group_id
+    if o.group_index is not None:
+        extra["group_index"] = o.group_index
+    current = _request.current_request() if o.add_to_parent else None
+    if o.parent_id is not None or current is not None:
+        extra["parent_id"] = o.parent_id or (current.id if current else None)
+    if o.root_id is not None or current is not None:
+        extra["root_id"] = o.root_id or (current.root_id or current.id if current else None)
+    return extra
+
+
+def _compress(name: str, task_id: str, body: bytes, compression: str,
+              extra: dict[str, Any], limit: int, lenient: bool) -> bytes:
+    """``body`` compressed, its ``compression`` header set in ``extra``. A producer
+    refuses a body over ``limit`` or a compression it cannot apply (nothing is
+    published); a worker's follow-up (``lenient``) is sent uncompressed instead."""
+    if lenient:
+        if len(body) <= limit:
+            if _compression.known_name(compression):
+                extra[_compression.HEADER], body = _compression.compress(body, compression)
+            else:
+                logger.warning("Task %s[%s]: unknown compression %r in its options: "
+                               "sent uncompressed", name, task_id, compression)
+    elif len(body) > limit:
+        # A worker refuses what expands past it: say so here, as for a plain body.
+        raise MessageTooLarge(
+            f"message for task {name!r} is {len(body)} bytes before compression, "
+            f"over max_message_size={limit}; nothing was published")
+    else:
         try:
-            app.routing.check(queue)
+            extra[_compression.HEADER], body = _compression.compress(body, compression)
         except ConfigurationError as exc:
-            if lenient:
-                raise
             raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
                                      "published") from None
-    return message, queue, delay
+    return body
+
+
+def _check_queue(app: Celeriac, name: str, queue: str, lenient: bool) -> None:
+    """Refuse a queue ``task_queues`` does not declare (``task_create_missing_queues``
+    off)."""
+    try:
+        app.routing.check(queue)
+    except ConfigurationError as exc:
+        if lenient:
+            raise
+        raise ConfigurationError(f"cannot send {name}: {exc}; nothing was "
+                                 "published") from None

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import _request
 from .. import result as _result
-from .._net import retrying
+from ..clients.net import retrying
+from ..runtime import request as _request
 from ..transports.base import Outgoing
 from . import builder as _builder
 from .messages import split_call

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._net import mask_password
-from .._schemes import SchemeRegistry
+from ..clients.net import mask_password
+from ..clients.schemes import SchemeRegistry
 from ..errors import ConfigurationError
 from .base import (
     BEAT_LEASE,
@@ -42,7 +42,7 @@ _POSTGRES = ("celeriac.stores.postgres", "PostgresStore")
 STORES: SchemeRegistry[SharedStore] = SchemeRegistry("shared store", "shared store", {
     "memory": ("celeriac.stores.memory", "MemoryStore"),
     "sqlite": ("celeriac.stores.sqlite", "SQLiteStore"),
-    # Cluster URLs (redis+cluster://) are not here: redisclient.Connector has no Cluster
+    # Cluster URLs (redis+cluster://) are not here: clients.redis.Connector has no Cluster
     # client, and a Cluster broker's or backend's deployment uses the other URL's store.
     **dict.fromkeys(("redis", "rediss", "unix", "redis+sentinel", "sentinel"), _REDIS),
     **dict.fromkeys(("postgresql", "postgres"), _POSTGRES),

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._net import mask_password
+from ..clients.net import mask_password
 from ..settings import Settings
 
 BEAT_LEASE = "celeriac.beat"

@@ -36,14 +36,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
-from ..backends.postgres import _NAMESPACE, DEFAULT_NAMESPACE
-from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
+from ..backends.postgres import check_namespace, split_url
+from ..errors import BrokerUnavailable, OperationalError
 from .base import (
     BEAT_LEASE,
     LEDGER_LENGTH,
@@ -73,86 +73,141 @@ class _Rollback(Exception):
     """A refused claim: undo what the transaction wrote."""
 
 
+def _ddl(le: sql.Identifier, b: sql.Identifier, entries: sql.Identifier,
+         last: sql.Identifier, runs: sql.Identifier, revoked: sql.Identifier
+         ) -> list[sql.Composed]:
+    """The tables, made on first use (the schema in the module's docstring)."""
+    return [sql.SQL(s).format(t) for s, t in (
+        ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, owner text NOT NULL,"
+         " expires float8 NOT NULL)", le),
+        ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, tokens float8 NOT NULL,"
+         " stamp float8 NOT NULL, granted int NOT NULL DEFAULT 0)", b),
+        ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, data text NOT NULL)",
+         entries),
+        ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, due_ms bigint NOT NULL)",
+         last),
+        ("CREATE TABLE IF NOT EXISTS {} (run_key text PRIMARY KEY, name text NOT NULL,"
+         " due_ms bigint NOT NULL, holder text NOT NULL,"
+         " claimed_at timestamptz NOT NULL DEFAULT clock_timestamp())", runs),
+        ("CREATE TABLE IF NOT EXISTS {} (task_id text PRIMARY KEY,"
+         " expires float8 NOT NULL, written float8 NOT NULL)", revoked))]
+
+
+@dataclass(frozen=True, slots=True)
+class _LeaseSQL:
+    acquire: sql.Composed
+    release: sql.Composed
+    lease: sql.Composed
+
+
+def _lease_sql(le: sql.Identifier) -> _LeaseSQL:
+    return _LeaseSQL(
+        acquire=sql.SQL(
+            "INSERT INTO {le} AS l (name, owner, expires) VALUES (%s, %s, {now} + %s)"
+            " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner,"
+            " expires = EXCLUDED.expires WHERE l.owner = EXCLUDED.owner OR l.expires <= {now}"
+            " RETURNING 1").format(le=le, now=NOW),
+        release=sql.SQL("DELETE FROM {} WHERE name = %s AND owner = %s").format(le),
+        lease=sql.SQL("SELECT owner, expires FROM {} WHERE name = %s AND"
+                      " expires > {now}").format(le, now=NOW),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _BucketSQL:
+    take: sql.Composed
+    create: sql.Composed
+    """A full bucket, unless it exists."""
+
+
+def _bucket_sql(b: sql.Identifier) -> _BucketSQL:
+    avail = sql.SQL("least(%(cap)s, tokens + greatest(0, {now} - stamp) * %(rate)s)"
+                    ).format(now=NOW)
+    take = sql.SQL("greatest(0, least(%(want)s, floor({a} + 1e-9)))::int").format(a=avail)
+    return _BucketSQL(
+        take=sql.SQL(
+            "UPDATE {b} SET granted = {take}, tokens = greatest(0, {a} - {take}),"
+            " stamp = greatest(stamp, {now}) WHERE name = %(name)s RETURNING granted, tokens"
+        ).format(b=b, take=take, a=avail, now=NOW),
+        create=sql.SQL("INSERT INTO {} (name, tokens, stamp) VALUES "
+                       "(%(name)s, %(cap)s, {now}) ON CONFLICT DO NOTHING").format(b, now=NOW),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _BeatSQL:
+    holds: sql.Composed
+    """The beat lease's row, locked FOR SHARE while its holder claims."""
+    advance: sql.Composed
+    record: sql.Composed
+    prune: sql.Composed
+    last: sql.Composed
+    runs: sql.Composed
+    entries: sql.Composed
+    put: sql.Composed
+    remove: sql.Composed
+    remove_last: sql.Composed
+
+
+def _beat_sql(le: sql.Identifier, entries: sql.Identifier, last: sql.Identifier,
+              runs: sql.Identifier) -> _BeatSQL:
+    return _BeatSQL(
+        holds=sql.SQL("SELECT 1 FROM {} WHERE name = %s AND owner = %s AND"
+                      " expires > {now} FOR SHARE").format(le, now=NOW),
+        advance=sql.SQL(
+            "INSERT INTO {t} AS t (name, due_ms) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
+            " SET due_ms = EXCLUDED.due_ms WHERE t.due_ms < EXCLUDED.due_ms RETURNING 1"
+        ).format(t=last),
+        record=sql.SQL("INSERT INTO {} (run_key, name, due_ms, holder) VALUES"
+                       " (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1").format(runs),
+        prune=sql.SQL("DELETE FROM {} WHERE claimed_at < clock_timestamp()"
+                      " - make_interval(secs => %s)").format(runs),
+        last=sql.SQL("SELECT name, due_ms FROM {}").format(last),
+        runs=sql.SQL("SELECT name, due_ms, holder FROM {} ORDER BY claimed_at DESC,"
+                     " due_ms DESC LIMIT %s").format(runs),
+        entries=sql.SQL("SELECT name, data FROM {}").format(entries),
+        put=sql.SQL("INSERT INTO {} (name, data) VALUES (%s, %s) ON CONFLICT (name)"
+                    " DO UPDATE SET data = EXCLUDED.data").format(entries),
+        remove=sql.SQL("DELETE FROM {} WHERE name = %s").format(entries),
+        remove_last=sql.SQL("DELETE FROM {} WHERE name = %s").format(last),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _RevokedSQL:
+    expire: sql.Composed
+    revoke: sql.Composed
+    version: sql.Composed
+    ids: sql.Composed
+
+
+def _revoked_sql(revoked: sql.Identifier) -> _RevokedSQL:
+    return _RevokedSQL(
+        expire=sql.SQL("DELETE FROM {} WHERE expires <= %s").format(revoked),
+        revoke=sql.SQL(
+            "INSERT INTO {t} VALUES (%s, %s, %s) ON CONFLICT (task_id) DO UPDATE SET"
+            " expires = greatest({t}.expires, EXCLUDED.expires), written = EXCLUDED.written"
+        ).format(t=revoked),
+        version=sql.SQL("SELECT count(*), coalesce(max(written), 0) FROM {}").format(revoked),
+        ids=sql.SQL("SELECT task_id, expires FROM {} WHERE expires > %s").format(revoked),
+    )
+
+
 class PostgresStore(SharedStore):
     kind = "PostgreSQL"
 
     def __init__(self, url: str, settings: Settings | None = None) -> None:
         super().__init__(url, settings)
-        parts = urlsplit(url)
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        ns = dict(pairs).get("namespace", DEFAULT_NAMESPACE)
-        if not _NAMESPACE.fullmatch(ns):
-            raise ConfigurationError(f"unsafe namespace {ns!r} in {self.safe_url}: use 1-43 "
-                                     "letters, digits or '_', not starting with a digit")
-        self._conninfo = urlunsplit(parts._replace(
-            query=urlencode([(k, v) for k, v in pairs if k != "namespace"])))
+        ns, self._conninfo, _ = split_url(url)
+        check_namespace(ns, self.safe_url)
         self._timeout = max(2, round(self.settings.broker_connection_timeout))
         self.tables = [f"{ns}_{t}" for t in TABLES]
         le, b, entries, last, runs, revoked = (sql.Identifier(t) for t in self.tables)
-        self._ddl = [sql.SQL(s).format(t) for s, t in (
-            ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, owner text NOT NULL,"
-             " expires float8 NOT NULL)", le),
-            ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, tokens float8 NOT NULL,"
-             " stamp float8 NOT NULL, granted int NOT NULL DEFAULT 0)", b),
-            ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, data text NOT NULL)",
-             entries),
-            ("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, due_ms bigint NOT NULL)",
-             last),
-            ("CREATE TABLE IF NOT EXISTS {} (run_key text PRIMARY KEY, name text NOT NULL,"
-             " due_ms bigint NOT NULL, holder text NOT NULL,"
-             " claimed_at timestamptz NOT NULL DEFAULT clock_timestamp())", runs),
-            ("CREATE TABLE IF NOT EXISTS {} (task_id text PRIMARY KEY,"
-             " expires float8 NOT NULL, written float8 NOT NULL)", revoked))]
-        # Leases.
-        self._q_acquire = sql.SQL(
-            "INSERT INTO {le} AS l (name, owner, expires) VALUES (%s, %s, {now} + %s)"
-            " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner,"
-            " expires = EXCLUDED.expires WHERE l.owner = EXCLUDED.owner OR l.expires <= {now}"
-            " RETURNING 1").format(le=le, now=NOW)
-        self._q_release = sql.SQL("DELETE FROM {} WHERE name = %s AND owner = %s").format(le)
-        self._q_lease = sql.SQL("SELECT owner, expires FROM {} WHERE name = %s AND"
-                                " expires > {now}").format(le, now=NOW)
-        # Token buckets.
-        avail = sql.SQL("least(%(cap)s, tokens + greatest(0, {now} - stamp) * %(rate)s)"
-                        ).format(now=NOW)
-        take = sql.SQL("greatest(0, least(%(want)s, floor({a} + 1e-9)))::int").format(a=avail)
-        self._q_take = sql.SQL(
-            "UPDATE {b} SET granted = {take}, tokens = greatest(0, {a} - {take}),"
-            " stamp = greatest(stamp, {now}) WHERE name = %(name)s RETURNING granted, tokens"
-        ).format(b=b, take=take, a=avail, now=NOW)
-        self._q_bucket = sql.SQL("INSERT INTO {} (name, tokens, stamp) VALUES "
-                                 "(%(name)s, %(cap)s, {now}) ON CONFLICT DO NOTHING"
-                                 ).format(b, now=NOW)
-        # Beat.
-        self._q_holds = sql.SQL("SELECT 1 FROM {} WHERE name = %s AND owner = %s AND"
-                                " expires > {now} FOR SHARE").format(le, now=NOW)
-        self._q_advance = sql.SQL(
-            "INSERT INTO {t} AS t (name, due_ms) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
-            " SET due_ms = EXCLUDED.due_ms WHERE t.due_ms < EXCLUDED.due_ms RETURNING 1"
-        ).format(t=last)
-        self._q_record = sql.SQL("INSERT INTO {} (run_key, name, due_ms, holder) VALUES"
-                                 " (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1"
-                                 ).format(runs)
-        self._q_prune = sql.SQL("DELETE FROM {} WHERE claimed_at < clock_timestamp()"
-                                " - make_interval(secs => %s)").format(runs)
-        self._q_last = sql.SQL("SELECT name, due_ms FROM {}").format(last)
-        self._q_runs = sql.SQL("SELECT name, due_ms, holder FROM {} ORDER BY claimed_at DESC,"
-                               " due_ms DESC LIMIT %s").format(runs)
-        self._q_entries = sql.SQL("SELECT name, data FROM {}").format(entries)
-        self._q_put = sql.SQL("INSERT INTO {} (name, data) VALUES (%s, %s) ON CONFLICT (name)"
-                              " DO UPDATE SET data = EXCLUDED.data").format(entries)
-        self._q_remove = sql.SQL("DELETE FROM {} WHERE name = %s").format(entries)
-        self._q_remove_last = sql.SQL("DELETE FROM {} WHERE name = %s").format(last)
-        # Revoked ids.
-        self._q_expire = sql.SQL("DELETE FROM {} WHERE expires <= %s").format(revoked)
-        self._q_revoke = sql.SQL(
-            "INSERT INTO {t} VALUES (%s, %s, %s) ON CONFLICT (task_id) DO UPDATE SET"
-            " expires = greatest({t}.expires, EXCLUDED.expires), written = EXCLUDED.written"
-        ).format(t=revoked)
-        self._q_version = sql.SQL("SELECT count(*), coalesce(max(written), 0) FROM {}"
-                                  ).format(revoked)
-        self._q_revoked = sql.SQL("SELECT task_id, expires FROM {} WHERE expires > %s"
-                                  ).format(revoked)
+        self._ddl = _ddl(le, b, entries, last, runs, revoked)
+        self._q_leases = _lease_sql(le)
+        self._q_buckets = _bucket_sql(b)
+        self._q_beat = _beat_sql(le, entries, last, runs)
+        self._q_revoked = _revoked_sql(revoked)
         self._local = threading.local()
         self._conns: list[tuple[int, Conn]] = []
         """Every connection opened (pid, connection): ``close`` closes this process's,
@@ -213,23 +268,23 @@ class PostgresStore(SharedStore):
 
     # -- leases -------------------------------------------------------------------------
     def acquire(self, name: str, owner: str, ttl: float) -> bool:
-        return bool(self._rows(self._q_acquire, (name, owner, ttl)))
+        return bool(self._rows(self._q_leases.acquire, (name, owner, ttl)))
 
     def release(self, name: str, owner: str) -> None:
-        self._rows(self._q_release, (name, owner))
+        self._rows(self._q_leases.release, (name, owner))
 
     def lease(self, name: str) -> Lease | None:
-        rows = self._rows(self._q_lease, (name,))
+        rows = self._rows(self._q_leases.lease, (name,))
         return Lease(str(rows[0][0]), float(rows[0][1])) if rows else None
 
     # -- token buckets ------------------------------------------------------------------
     def take(self, name: str, rate: float, capacity: float, want: int) -> Grant:
         check_args(rate, capacity, want)
         params = {"name": name, "rate": rate, "cap": float(capacity), "want": want}
-        rows = self._rows(self._q_take, params)
+        rows = self._rows(self._q_buckets.take, params)
         if not rows:  # the first take of this name: a full bucket, then take from it
-            self._rows(self._q_bucket, params)
-            rows = self._rows(self._q_take, params)
+            self._rows(self._q_buckets.create, params)
+            rows = self._rows(self._q_buckets.take, params)
         granted, tokens = int(rows[0][0]), float(rows[0][1])
         return Grant(granted, wait_for(granted, want, tokens, rate, capacity))
 
@@ -238,12 +293,12 @@ class PostgresStore(SharedStore):
         def op(conn: Conn) -> bool:
             try:
                 with conn.transaction():
-                    if conn.execute(self._q_holds, (BEAT_LEASE, holder)).fetchone() is None:
+                    if conn.execute(self._q_beat.holds, (BEAT_LEASE, holder)).fetchone() is None:
                         raise _Rollback
-                    if conn.execute(self._q_advance, (name, due_ms)).fetchone() is None:
+                    if conn.execute(self._q_beat.advance, (name, due_ms)).fetchone() is None:
                         raise _Rollback
                     if record and conn.execute(
-                            self._q_record, (run_key(name, due_ms), name, due_ms, holder)
+                            self._q_beat.record, (run_key(name, due_ms), name, due_ms, holder)
                     ).fetchone() is None:
                         raise _Rollback
             except _Rollback:
@@ -253,7 +308,7 @@ class PostgresStore(SharedStore):
         claimed = self._run(op)
         self._claims += 1
         if self._claims % PRUNE_EVERY == 0:
-            self._rows(self._q_prune, (RUN_KEY_TTL,))
+            self._rows(self._q_beat.prune, (RUN_KEY_TTL,))
         return claimed
 
     def claim(self, holder: str, name: str, due_ms: int) -> bool:
@@ -263,22 +318,22 @@ class PostgresStore(SharedStore):
         return self._claim(holder, name, due_ms, False)
 
     def last_runs(self) -> dict[str, int]:
-        return {str(n): int(d) for n, d in self._rows(self._q_last)}
+        return {str(n): int(d) for n, d in self._rows(self._q_beat.last)}
 
     def runs(self, limit: int = LEDGER_LENGTH) -> list[Run]:
-        return [Run(n, int(d), h) for n, d, h in self._rows(self._q_runs, (limit,))]
+        return [Run(n, int(d), h) for n, d, h in self._rows(self._q_beat.runs, (limit,))]
 
     def entries(self) -> dict[str, bytes]:
-        return {str(n): str(d).encode() for n, d in self._rows(self._q_entries)}
+        return {str(n): str(d).encode() for n, d in self._rows(self._q_beat.entries)}
 
     def put_entry(self, name: str, data: bytes) -> None:
-        self._rows(self._q_put, (name, data.decode()))
+        self._rows(self._q_beat.put, (name, data.decode()))
 
     def remove_entry(self, name: str) -> bool:
         def op(conn: Conn) -> bool:
             with conn.transaction():
-                conn.execute(self._q_remove_last, (name,))
-                return conn.execute(self._q_remove, (name,)).rowcount == 1
+                conn.execute(self._q_beat.remove_last, (name,))
+                return conn.execute(self._q_beat.remove, (name,)).rowcount == 1
 
         return self._run(op)
 
@@ -287,17 +342,17 @@ class PostgresStore(SharedStore):
         now = time.time()
 
         def op(conn: Conn) -> None:
-            conn.execute(self._q_expire, (now,))
+            conn.execute(self._q_revoked.expire, (now,))
             with conn.cursor() as cur:
-                cur.executemany(self._q_revoke, [(i, expires_at, now) for i in ids])
+                cur.executemany(self._q_revoked.revoke, [(i, expires_at, now) for i in ids])
 
         self._run(op)
 
     def revoked_version(self) -> object:
-        return tuple(self._rows(self._q_version)[0])
+        return tuple(self._rows(self._q_revoked.version)[0])
 
     def revoked(self) -> dict[str, float]:
-        return {str(k): float(v) for k, v in self._rows(self._q_revoked, (time.time(),))}
+        return {str(k): float(v) for k, v in self._rows(self._q_revoked.ids, (time.time(),))}
 
     # -- administration -----------------------------------------------------------------
     def drop(self) -> None:

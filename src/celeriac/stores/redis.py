@@ -1,4 +1,4 @@
-"""The Redis store: one server, a failover list or Sentinel (``redisclient.Connector``:
+"""The Redis store: one server, a failover list or Sentinel (``clients.redis.Connector``:
 the broker's or result store's URL, its namespace, retries and failover; a Cluster is
 refused there). Keys, under the URL's namespace ``<ns>`` (default ``celeriac``)::
 
@@ -11,7 +11,7 @@ refused there). Keys, under the URL's namespace ``<ns>`` (default ``celeriac``):
     <ns>:revoked           zset    revoked id -> its expiry (unix seconds)
     <ns>:revoked:v         string  INCR on every revoke: the version
 
-The lease, the bucket and the claim are the scripts ``redisclient/lua/store_*.lua``
+The lease, the bucket and the claim are the scripts ``clients/redis/lua/store_*.lua``
 (Redis runs a script without interleaving any other client's command); the revoked
 ids' writes are one MULTI, and both keys expire with the newest revoke, so an idle
 deployment keeps nothing.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
 
-from ..redisclient.connector import Connector
+from ..clients.redis.connector import Connector
 from .base import (
     BEAT_LEASE,
     LEDGER_LENGTH,
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 @functools.cache
 def script_source(name: str) -> str:
-    """``redisclient/lua/store_<name>.lua``, alone (these scripts do not use common.lua)."""
-    return resources.files("celeriac.redisclient").joinpath("lua", f"store_{name}.lua"
+    """``clients/redis/lua/store_<name>.lua``, alone (these scripts do not use common.lua)."""
+    return resources.files("celeriac.clients.redis").joinpath("lua", f"store_{name}.lua"
                                                             ).read_text()
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .._sqlite import Database, path_from_url
+from ..clients.sqlite import Database, path_from_url
 from .base import (
     BEAT_LEASE,
     LEDGER_LENGTH,

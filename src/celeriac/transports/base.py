@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from .._schemes import SchemeRegistry
-from ..compat.layouts import TRANSPORT_LAYOUTS, lookup
+from ..clients.schemes import SchemeRegistry
 from ..errors import MessageTooLarge
 from ..protocol import Delivery, Message
 
@@ -116,11 +115,11 @@ class Transport(Publisher):
 
     # -- the worker's hot path: one broker call per turn of the consumer's pump ----------
     def results_namespace(self, backend: ResultBackend) -> str | None:
-        """Where ``exchange`` can store ``backend``'s results in the same broker call (the
+        """Where ``settle_and_fetch`` can store ``backend``'s results in the same broker call (the
         backend keeps them on this broker's server); None: the caller stores them."""
         return None
 
-    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+    async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Stored],
                        results_namespace: str | None, queues: Sequence[str], limit: int
                        ) -> list[Delivery]:
         """Store ``results`` (only given with a ``results_namespace``), ack ``acks``, then
@@ -134,9 +133,9 @@ class Transport(Publisher):
 
     async def wait_ready(self, queues: Sequence[str], limit: int, timeout: float
                          ) -> list[Delivery] | None:
-        """After an ``exchange`` fetched fewer than it asked for: wait up to ``timeout``
+        """After a ``settle_and_fetch`` fetched fewer than it asked for: wait up to ``timeout``
         seconds for messages. Returns what it fetched meanwhile, or None when it only
-        waited (something may be ready: the next ``exchange`` fetches it). The default
+        waited (something may be ready: the next ``settle_and_fetch`` fetches it). The default
         is a blocking fetch."""
         return await self.fetch(queues, limit, timeout)
 
@@ -237,6 +236,13 @@ TRANSPORTS: SchemeRegistry[Transport] = SchemeRegistry("broker", "transport", {
     "redis+cluster": ("celeriac.transports.redis_cluster", "RedisClusterTransport"),
     "amqp": ("celeriac.transports.amqp", "AMQPTransport"),
     "amqps": ("celeriac.transports.amqp", "AMQPTransport"),
+}, layouts={
+    # Compatibility mode: kombu's Redis layout, and RabbitMQ queues declared exactly as
+    # Celery declares them, events and remote control on Celery's exchanges.
+    ("redis", "kombu"): ("celeriac.compat.redis_broker", "KombuRedisTransport"),
+    ("rediss", "kombu"): ("celeriac.compat.redis_broker", "KombuRedisTransport"),
+    ("amqp", "kombu"): ("celeriac.compat.amqp_broker", "KombuAMQPTransport"),
+    ("amqps", "kombu"): ("celeriac.compat.amqp_broker", "KombuAMQPTransport"),
 })
 
 
@@ -252,8 +258,7 @@ def known_schemes() -> list[str]:
 def transport_class(url: str) -> type[Transport]:
     """The transport class for ``url`` (the first of several ``;``-separated URLs)."""
     first = url.split(";")[0].strip()
-    chosen: type[Transport] | None = lookup(first, TRANSPORT_LAYOUTS, "broker")
-    return chosen if chosen is not None else TRANSPORTS.lookup(first)
+    return TRANSPORTS.lookup(first)
 
 
 def create_transport(url: str, settings: Settings) -> Transport:

@@ -16,7 +16,7 @@ one of those queues pushes it a token. Broadcasts are Redis pub/sub, on channels
 by ``Endpoint.channel``: ``<namespace>:bc:<db>:<channel>``, so that apps on other
 databases of the same server (pub/sub is server-wide) neither hear nor command ours.
 
-Behind Redis Sentinel (``redis+sentinel://``, ``redisclient/topology.py``) nothing here
+Behind Redis Sentinel (``redis+sentinel://``, ``clients/redis/topology.py``) nothing here
 changes: the connector finds the master and follows a failover. On a Redis Cluster
 (``redis+cluster://``) ``redis_cluster.py`` runs the same scripts once per queue.
 
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..backends.redis import FEED_LENGTH, RedisBackend, encode_value, expiry_ms
+from ..clients.redis import Connector
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
-from ..redisclient import Connector
 from .base import CONTROL_CHANNEL, DeadLetter, Outgoing, Subscription, Transport
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class RedisTransport(Transport):
         self._suspect = False
         """A fetch's reply may have been lost: Redis may hold messages for us we never saw."""
         self._next_due = -1
-        """From the last exchange that fetched: ms until a delayed message is due (-1: none)."""
+        """From the last turn that fetched: ms until a delayed message is due (-1: none)."""
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -154,7 +154,7 @@ class RedisTransport(Transport):
 
     def results_namespace(self, backend: ResultBackend) -> str | None:
         """The namespace of ``backend`` when it keeps its results on this broker's server
-        and database, so that ``exchange`` can store them; else None."""
+        and database, so that ``settle_and_fetch`` can store them; else None."""
         # A Cluster backend is a RedisBackend too, but spreads its keys over slots that
         # one script on one server cannot write.
         if not isinstance(backend, RedisBackend) or not isinstance(backend.conn, Connector):
@@ -163,12 +163,12 @@ class RedisTransport(Transport):
         same = theirs.url == mine.url and theirs.sentinels == mine.sentinels
         return theirs.namespace if same else None
 
-    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+    async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Stored],
                        results_namespace: str | None, queues: Sequence[str], limit: int
                        ) -> list[Delivery]:
         """Store ``results`` (in the result backend's layout, under ``results_namespace``,
         from ``results_namespace()``), ack ``acks``, then fetch up to ``limit`` ready
-        messages without waiting: the worker's hot path as one script (exchange.lua).
+        messages without waiting: the worker's hot path as one script (settle_and_fetch.lua).
 
         A fetch that comes back short registers this consumer as idle on ``queues``:
         ``wait_ready`` then sleeps until a message is published there (or comes due)."""
@@ -181,7 +181,7 @@ class RedisTransport(Transport):
         if not (batch or results or names):
             return []
         if results and results_namespace is None:
-            raise ValueError("exchange: results need the result backend's namespace")
+            raise ValueError("settle_and_fetch: results need the result backend's namespace")
         args: list[Any] = [me, self._lease_ms(), limit if names else 0,
                            results_namespace or "", len(results), len(batch), FEED_LENGTH]
         now = time.time()
@@ -193,7 +193,7 @@ class RedisTransport(Transport):
         args += names
         failures = self.conn.async_failures
         try:
-            reply = await self.conn.arun("exchange", args)
+            reply = await self.conn.arun("settle_and_fetch", args)
         except BaseException:
             # The script may have run and its reply been lost: what it fetched is ours
             # in Redis; the next fetch gives it back. Its acks are retried by the caller.
@@ -211,10 +211,10 @@ class RedisTransport(Transport):
 
     async def wait_ready(self, queues: Sequence[str], limit: int, timeout: float
                          ) -> list[Delivery] | None:
-        """Sleep until a message may be ready for the last ``exchange`` that came back
+        """Sleep until a message may be ready for the last ``settle_and_fetch`` that came back
         short (a publish to its queues wakes us, or a delayed message comes due), or for
-        ``timeout`` seconds. That exchange registered us as idle: only the wait is left,
-        and the next exchange fetches (no fetch queued on the connection ahead of the
+        ``timeout`` seconds. That call registered us as idle: only the wait is left,
+        and the next call fetches (no fetch queued on the connection ahead of the
         exchanges that settle meanwhile)."""
         due = self._next_due
         if due == 0:

@@ -14,7 +14,7 @@ than its queue, so giving it back (a requeue, a lost lease) would be a move acro
 in two calls, with a moment where it is in neither place or in both. Per queue, every
 move stays inside one script. What it costs:
 
-- a fetch (or the worker's exchange) from several queues is one call per queue, in the
+- a fetch (or the worker's settle_and_fetch) from several queues is one call per queue, in the
   order given, each asking for what is still wanted: priority orders messages within a
   queue, not across queues (as on RabbitMQ);
 - a consumer's lease is kept per queue it consumes (a renewal is one call per queue), and
@@ -22,7 +22,7 @@ move stays inside one script. What it costs:
 - an idle consumer of several queues blocks on each queue's wake list at once (one
   connection each) and wakes at the first token;
 - delivery tags and dead-letter ids are ``<id>@<queue>`` (ids count per queue);
-- results are stored through the result backend (other slots), not in the exchange.
+- results are stored through the result backend (other slots), not in settle_and_fetch.
 Broadcasts use pub/sub on one node: a Cluster relays PUBLISH to every node. Their channels
 are named as on one server (``Endpoint.channel``, database 0).
 """
@@ -37,8 +37,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.redis import FEED_LENGTH
+from ..clients.redis.cluster import ClusterConnector
 from ..protocol import Delivery
-from ..redisclient.cluster import ClusterConnector
 from .base import DeadLetter, Outgoing, Subscription, Transport
 from .redis import (
     _BLOCK_GUARD,
@@ -136,7 +136,7 @@ class RedisClusterTransport(RedisTransport):
             return []
         deadline = time.monotonic() + timeout
         while True:
-            deliveries = await self.exchange([], [], None, names, limit)
+            deliveries = await self.settle_and_fetch([], [], None, names, limit)
             if deliveries:
                 return deliveries
             remaining = deadline - time.monotonic()
@@ -149,11 +149,12 @@ class RedisClusterTransport(RedisTransport):
     def results_namespace(self, backend: ResultBackend) -> str | None:
         return None  # results live in other slots: the worker stores them itself
 
-    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+    async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Stored],
                        results_namespace: str | None, queues: Sequence[str], limit: int
                        ) -> list[Delivery]:
-        """Ack ``acks``, then fetch up to ``limit``: one exchange.lua call per queue. A queue
-        that comes back short registers us as idle there (``wait_ready`` sleeps next)."""
+        """Ack ``acks``, then fetch up to ``limit``: one settle_and_fetch.lua call per
+        queue. A queue that comes back short registers us as idle there (``wait_ready``
+        sleeps next)."""
         if results:
             raise ValueError("RedisClusterTransport cannot store results itself")
         me = self._me()
@@ -177,7 +178,7 @@ class RedisClusterTransport(RedisTransport):
                 args.append(queue)
             failures = self.cluster.async_failures
             try:
-                reply = await self.cluster.arun("exchange", self._tag(queue), args)
+                reply = await self.cluster.arun("settle_and_fetch", self._tag(queue), args)
             except BaseException:
                 if names:
                     self._suspect = True  # its reply may be lost with messages in it

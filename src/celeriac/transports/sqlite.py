@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._sqlite import Database, Doorbell, Listener, path_from_url
+from ..clients.sqlite import Database, Doorbell, Listener, path_from_url
 from ..errors import BrokerLost, DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import PRIVATE_PREFIX, DeadLetter, Outgoing, Subscription, Transport
@@ -174,13 +174,13 @@ class SQLiteTransport(Transport):
             for rid, queue, _prio, deliveries, envelope, body in rows
         ], None
 
-    async def exchange(self, acks: Sequence[Delivery], results: Sequence[Stored],
+    async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Stored],
                        results_namespace: str | None, queues: Sequence[str], limit: int
                        ) -> list[Delivery]:
         # A busy worker fetches nothing until a task ends: it stops when it settles one.
         if self._halted():
             return []
-        return await super().exchange(acks, results, results_namespace, queues, limit)
+        return await super().settle_and_fetch(acks, results, results_namespace, queues, limit)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         ids = [(d.tag, self.consumer_id) for d in deliveries]

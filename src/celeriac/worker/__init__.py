@@ -26,7 +26,7 @@ from .heart import EventsStep, Heart
 from .mingle import Mingle
 from .pool import POOLS
 from .revoked import Revoked, StateDB
-from .steps import DEFAULT_STEPS, ConsumerStep
+from .steps import DEFAULT_STEPS, ConsumerStep, PoolStep, ResultsCleanup
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -59,10 +59,7 @@ class Worker:
         mingle: bool = True,
     ) -> None:
         pool = pool or app.settings.worker_pool
-        if pool not in POOLS:
-            raise ValueError(f"pool must be one of {sorted(POOLS)}, got {pool!r}")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        _check_pool(pool, concurrency)
         # Imports include= and autodiscovered modules now: before the pool forks, and
         # before a message names a task only they register.
         app.finalize()
@@ -70,21 +67,9 @@ class Worker:
         self.hostname = hostname or f"celeriac@{socket.gethostname()}"
         self.id = f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.pool_name = pool
-        autoscale = autoscale or _bounds(app.settings.worker_autoscale)
-        if autoscale is not None:
-            high, low = autoscale
-            if not 1 <= low <= high:
-                raise ValueError(f"autoscale must be (max, min) with 1 <= min <= max, "
-                                 f"got {autoscale!r}")
-            if pool != "prefork":
-                raise ValueError("autoscale needs the prefork pool")
-            concurrency = low
-        self.autoscale = autoscale
-        if concurrency is None:
-            concurrency = app.settings.worker_concurrency
-        if concurrency is None:
-            concurrency = 1 if pool == "solo" else os.cpu_count() or 1
-        self.concurrency = concurrency
+        self.autoscale = _autoscale(autoscale or _bounds(app.settings.worker_autoscale), pool)
+        self.concurrency = _concurrency(app.settings.worker_concurrency, pool, concurrency,
+                                        self.autoscale)
         self.queues = list(queues or app.default_queues)
         settings = app.settings
         self.task_events = settings.worker_send_task_events if task_events is None else task_events
@@ -95,29 +80,9 @@ class Worker:
         """Set by the ``Gossip`` step (``--without-gossip``: None): ``live``, ``election``."""
         self.health_file = health_file
         """``--health-file``: the ``HealthFile`` step touches it while the loop turns."""
-        if steps is None:
-            # EventsStep and Heart first after the Timer: the dispatcher is up before the
-            # consumer sends task events and, stopping in reverse, Heart sends
-            # worker-offline after the pool is done.
-            first, *rest = DEFAULT_STEPS
-            # Remote control: the revoked set first (loaded before any message is taken),
-            # Mingle before this worker's own Control subscribes (it asks peers only),
-            # Control before the pool and consumer so it answers until they are stopped.
-            control = (StateDB, *((Mingle,) if mingle else ()), Control)
-            steps = (first, EventsStep, Heart, *control, *rest,
-                     *((Autoscaler,) if autoscale else ()))
-            # The health file is touched from right after the Timer until right before
-            # it stops (a warm stop waiting for tasks is alive); Gossip starts last and
-            # stops first, so a stopping leader resigns at once.
-            steps = (first, HealthFile, *steps[1:], *((Gossip,) if gossip else ()))
-        if beat:
-            # -B: a beat on this worker's Timer (celeriac.beat); its store is checked now.
-            from ..beat.step import BeatStep
-            from ..beat.store import store_url
-
-            store_url(app.settings)
-            steps = (*steps, BeatStep)
-        self.blueprint = Blueprint(steps)
+        self.blueprint = Blueprint(_steps(app, steps, mingle=mingle, gossip=gossip, beat=beat,
+                                          autoscale=self.autoscale is not None),
+                                   after=STARTS_AFTER)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
         self.statedb = statedb
@@ -230,6 +195,79 @@ class Worker:
         loop.add_signal_handler(signal.SIGQUIT, quit_)
 
 
+
+
+STARTS_AFTER: dict[type[Step], tuple[type[Step], ...]] = {
+    # The health file is touched from right after the Timer until right before it stops:
+    # a warm stop waiting for tasks is alive.
+    EventsStep: (HealthFile,),
+    StateDB: (HealthFile,),
+    # Mingle asks the peers before this worker's own Control subscribes (it asks peers
+    # only).
+    Control: (Mingle,),
+    # The dispatcher is up before the consumer sends task events and, stopping in
+    # reverse, Heart sends worker-offline after the pool is done; Control answers until
+    # the pool and the consumer are stopped.
+    PoolStep: (Heart, Control),
+    # The revoked set is loaded before any message is taken.
+    ConsumerStep: (StateDB,),
+    # Gossip starts last and stops first, so a stopping leader resigns at once.
+    Gossip: (ResultsCleanup, Autoscaler),
+}
+"""How the worker's steps are ordered beyond their ``requires``: each starts after the
+steps named here that are in its blueprint (none is added for it)."""
+
+
+def _steps(app: Celeriac, given: Sequence[type[Step]] | None, *, mingle: bool,
+           gossip: bool, beat: bool, autoscale: bool) -> list[type[Step]]:
+    """The worker's steps, in no particular order (the Blueprint orders them): ``given``,
+    else the defaults; and with ``beat`` (``-B``) a beat on this worker's Timer."""
+    if given is not None:
+        steps = list(given)
+    else:
+        optional = {Mingle: mingle, Autoscaler: autoscale, Gossip: gossip}
+        steps = [*DEFAULT_STEPS, HealthFile, EventsStep, Heart, StateDB, Control,
+                 *(step for step, wanted in optional.items() if wanted)]
+    if beat:
+        # Asked of the app: beat sits above the worker (its step is made of the worker's
+        # Step and Timer); it checks the beat's store now. It requires the Timer only, so
+        # it starts last, as given, and stops first.
+        steps.append(app.beat.worker_step())
+    return steps
+
+
+def _check_pool(pool: str, concurrency: int | None) -> None:
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {sorted(POOLS)}, got {pool!r}")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+
+
+def _autoscale(bounds: tuple[int, int] | None, pool: str) -> tuple[int, int] | None:
+    """``bounds`` (max, min) checked, or None."""
+    if bounds is None:
+        return None
+    high, low = bounds
+    if not 1 <= low <= high:
+        raise ValueError(f"autoscale must be (max, min) with 1 <= min <= max, "
+                         f"got {bounds!r}")
+    if pool != "prefork":
+        raise ValueError("autoscale needs the prefork pool")
+    return bounds
+
+
+def _concurrency(setting: int | None, pool: str, given: int | None,
+                 autoscale: tuple[int, int] | None) -> int:
+    """The pool's size at start: autoscale's minimum, else ``-c``, else the
+    ``worker_concurrency`` setting, else 1 for solo and the number of CPUs for the
+    others."""
+    if autoscale is not None:
+        return autoscale[1]
+    if given is not None:
+        return given
+    if setting is not None:
+        return setting
+    return 1 if pool == "solo" else os.cpu_count() or 1
 
 
 def _bounds(value: tuple[int, ...] | None) -> tuple[int, int] | None:

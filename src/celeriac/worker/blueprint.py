@@ -2,14 +2,16 @@
 
 A ``Step`` names the steps it needs in ``requires``; the blueprint adds those it was not
 given, sorts them so every step starts after what it requires, starts them in that
-order and stops them in reverse. If a step fails to start, the ones already started are
+order and stops them in reverse. ``after`` orders without requiring: a step starts after
+those it names there that are in the blueprint (the worker's orderings between steps
+that work without each other). If a step fails to start, the ones already started are
 stopped (in reverse) before the error propagates.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -39,8 +41,15 @@ class Step:
         await self.stop()
 
 
-def order(steps: Iterable[type[Step]]) -> list[type[Step]]:
-    """Topological order of ``steps`` and everything they require; stable for ties."""
+Ordering = Mapping[type[Step], Iterable[type[Step]]]
+"""Step -> the steps it starts after, when they are in the blueprint."""
+
+
+def order(steps: Iterable[type[Step]], after: Ordering | None = None) -> list[type[Step]]:
+    """Topological order of ``steps`` and everything they require, each also after what
+    ``after`` names for it among those; stable for ties."""
+    steps = list(steps)
+    present = _with_requirements(steps)
     result: list[type[Step]] = []
     visiting: set[type[Step]] = set()
 
@@ -52,6 +61,9 @@ def order(steps: Iterable[type[Step]]) -> list[type[Step]]:
         visiting.add(step)
         for dep in step.requires:
             visit(dep)
+        for dep in (after or {}).get(step, ()):
+            if dep in present:
+                visit(dep)
         visiting.discard(step)
         result.append(step)
 
@@ -60,9 +72,21 @@ def order(steps: Iterable[type[Step]]) -> list[type[Step]]:
     return result
 
 
+def _with_requirements(steps: Iterable[type[Step]]) -> set[type[Step]]:
+    """``steps`` and every step they require, directly or not."""
+    found: set[type[Step]] = set()
+    pending = list(steps)
+    while pending:
+        step = pending.pop()
+        if step not in found:
+            found.add(step)
+            pending.extend(step.requires)
+    return found
+
+
 class Blueprint:
-    def __init__(self, steps: Iterable[type[Step]]) -> None:
-        self.order = order(steps)
+    def __init__(self, steps: Iterable[type[Step]], after: Ordering | None = None) -> None:
+        self.order = order(steps, after)
         self.started: list[Step] = []
 
     async def start(self, worker: Worker) -> None:

@@ -7,9 +7,9 @@ malformed, for an unknown task, expired, or lost too many times is settled here 
 ever reaching the pool.
 
 One coroutine, the pump, makes the hot path's broker calls, one at a time: it stores the
-results of finished tasks, acks their messages and fetches more in one exchange (one
-script on Redis when the results live on the broker's server). Completions gather while an
-exchange is in flight, so batches grow with the load and a lone task is settled at once.
+results of finished tasks, acks their messages and fetches more in one call (one
+script on Redis when the results live on the broker's server). Completions gather while a
+call is in flight, so batches grow with the load and a lone task is settled at once.
 When the queues are empty, a sleeper waits in the broker while the pump goes on settling.
 Ordering: a result is stored before, or in the same script as, its message's ack.
 
@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import states
-from .._net import backoff
+from ..clients.net import backoff
 from ..errors import BrokerError, CeleriacError, ControlError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
 from ..tasks import Request
@@ -92,7 +92,7 @@ class Consumer:
                        if worker.events is not None and worker.task_events else None)
         self._wake = asyncio.Event()
         self._quiet = asyncio.Event()
-        """Set while no exchange is in flight."""
+        """Set while no turn is in flight."""
         self._quiet.set()
         self._pending: set[asyncio.Task[Any]] = set()
         self._pump: asyncio.Task[None] | None = None
@@ -152,7 +152,7 @@ class Consumer:
         if self._sleeper is not None:
             self._sleeper.cancel()
             await asyncio.gather(self._sleeper, return_exceptions=True)
-        # An exchange in flight may bring messages: they must land before a give-back.
+        # A turn in flight may bring messages: they must land before a give-back.
         try:
             async with asyncio.timeout(self._guard()):
                 await self._quiet.wait()
@@ -188,7 +188,7 @@ class Consumer:
         self.limiter.close()
 
     def _guard(self) -> float:
-        # How long stopping waits for an exchange in flight: a broker that neither
+        # How long stopping waits for a turn in flight: a broker that neither
         # answers nor drops the connection must not hold the shutdown forever.
         return 2 * self.app.settings.broker_connection_timeout + 1
 
@@ -219,49 +219,61 @@ class Consumer:
 
     async def _run_pump(self) -> None:
         while True:
-            limit = self._want()
-            if limit and self._drained:
-                self._sleeper = self.loop.create_task(self._sleep(limit))
-                self._sleeper.add_done_callback(self._ended)
-                limit = 0
-            acks, results, after, finals = self._acks, self._results, self._after, self._finals
-            if not (acks or results or after or finals or limit):
+            limit = self._fetch_limit()
+            if not (self._acks or self._results or self._after or self._finals or limit):
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if not limit and await self._linger(len(acks) + len(results)):
+            if not limit and await self._linger(len(self._acks) + len(self._results)):
                 continue
-            self._lingering = None
-            self._acks, self._results, self._after, self._finals = [], [], [], []
-            self._quiet.clear()
-            try:
-                batch = await self._exchange(acks, results, limit)
-            except asyncio.CancelledError:
-                self._put_back(acks, results, after, finals)
-                raise
-            except Exception as exc:
-                if self._closing:
-                    logger.error("could not settle %d message(s) and store %d result(s) "
-                                 "before stopping (%s: %s); the broker will redeliver them",
-                                 len(acks) + len(after), len(results), type(exc).__name__,
-                                 exc)
-                    return
-                self._put_back(acks, results, after, finals)
-                await self._failed("storing results and settling messages", exc)
-                continue
-            finally:
-                self._quiet.set()
-            self._restored()
-            for delivery, reason in after:
-                self._spawn(self.transport.dead_letter(delivery, reason))
-            if finals and self.events is not None:
-                self.events.put_all(finals)
-            if limit:
-                self._drained = len(batch) < limit
-            if batch:
-                self._ingest(batch)
+            if not await self._turn(limit):
+                return
+
+    def _fetch_limit(self) -> int:
+        """How many messages this turn fetches: 0 while the sleeper waits in
+        the broker for them (started here when the last fetch came back short)."""
+        limit = self._want()
+        if limit and self._drained:
+            self._sleeper = self.loop.create_task(self._sleep(limit))
+            self._sleeper.add_done_callback(self._ended)
+            return 0
+        return limit
+
+    async def _turn(self, limit: int) -> bool:
+        """One turn: store the results waiting, settle their messages, fetch up to
+        ``limit``. False when the pump must end (it failed while the worker stops)."""
+        acks, results, after, finals = self._acks, self._results, self._after, self._finals
+        self._lingering = None
+        self._acks, self._results, self._after, self._finals = [], [], [], []
+        self._quiet.clear()
+        try:
+            batch = await self._settle_and_fetch(acks, results, limit)
+        except asyncio.CancelledError:
+            self._put_back(acks, results, after, finals)
+            raise
+        except Exception as exc:
+            if self._closing:
+                logger.error("could not settle %d message(s) and store %d result(s) before "
+                             "stopping (%s: %s); the broker will redeliver them",
+                             len(acks) + len(after), len(results), type(exc).__name__, exc)
+                return False
+            self._put_back(acks, results, after, finals)
+            await self._failed("storing results and settling messages", exc)
+            return True
+        finally:
+            self._quiet.set()
+        self._restored()
+        for delivery, reason in after:
+            self._spawn(self.transport.dead_letter(delivery, reason))
+        if finals and self.events is not None:
+            self.events.put_all(finals)
+        if limit:
+            self._drained = len(batch) < limit
+        if batch:
+            self._ingest(batch)
+        return True
 
     async def _linger(self, pending: int) -> bool:
         """Wait a moment for more to settle, when more is about to finish: True if it
@@ -286,7 +298,7 @@ class Consumer:
                 await self._wake.wait()
         return True
 
-    async def _exchange(self, acks: list[Delivery], results: list[Stored], limit: int
+    async def _settle_and_fetch(self, acks: list[Delivery], results: list[Stored], limit: int
                         ) -> list[Delivery]:
         namespace = self.transport.results_namespace(self.app.backend) if results else None
         if results and namespace is None:
@@ -294,7 +306,7 @@ class Consumer:
             results = []
         if not (acks or results or limit):
             return []
-        return await self.transport.exchange(acks, results, namespace, self.queues, limit)
+        return await self.transport.settle_and_fetch(acks, results, namespace, self.queues, limit)
 
     async def _store(self, results: list[Stored]) -> None:
         backend = self.app.backend
@@ -308,7 +320,7 @@ class Consumer:
 
     def _put_back(self, acks: list[Delivery], results: list[Stored],
                   after: list[tuple[Delivery, str]], finals: list[Event]) -> None:
-        # In front of what came meanwhile: the next exchange retries them (a repeat is
+        # In front of what came meanwhile: the next turn retries them (a repeat is
         # harmless: stores overwrite, acks of settled messages are no-ops).
         self._acks[:0] = acks
         self._results[:0] = results
@@ -327,7 +339,7 @@ class Consumer:
                 await self._failed("fetching from the broker", exc)
                 return
             self._restored()
-            # None: it only waited; the next exchange fetches what woke it.
+            # None: it only waited; the next turn fetches what woke it.
             batch = got or []
             self._drained = got is not None and len(batch) < limit
             if batch:
@@ -505,6 +517,10 @@ class Consumer:
         terminate_job = getattr(self.pool, "terminate_job", None)
         if terminate_job is not None:
             terminate_job(job.headers["id"], signal_number(signal))
+
+    def on_fatal(self, reason: str) -> None:
+        """The pool cannot go on (a restart storm): the worker stops."""
+        self.worker.fail(reason)
 
     def on_job_progress(self, task_id: str, state: str, meta: Any) -> None:
         """A running task's ``update_state`` (pools report them only with task events

@@ -14,23 +14,25 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import compression, serialization, states
-from .._aio import run_sync
-from .._request import Request, short_repr
+from .. import serialization, states
 from ..backends.base import Stored
+from ..canvas import followups
 from ..errors import DecodeError, Ignore, Reject, Retry, TimeLimitExceeded
 from ..protocol import decode_body
-from . import followups
+from ..runtime.aio import run_sync
+from ..runtime.request import Request, short_repr
+from ..serialization import compression
 
 if TYPE_CHECKING:
     import asyncio
 
-    from .._aio import Guard
     from ..app import Celeriac
+    from ..backends.base import ResultBackend
+    from ..runtime.aio import Guard
+    from ..tasks import Task
 
 logger = logging.getLogger("celeriac.worker.execute")
 
@@ -38,28 +40,17 @@ Action = Literal["ack", "requeue", "dead_letter"]
 Shown = tuple[str, str | None]
 """What task events show of an outcome: the result's repr, or the exception's repr and
 its traceback."""
-Result = tuple[Action, str | None, str | None, float, Stored | None, Shown | None]
-"""An ``Outcome``'s fields without the object: (action, state, reason, runtime, stored,
-shown)."""
 
 RESULT_REPR = 256
 """Characters of a result's repr in a task-succeeded event."""
 EXCEPTION_REPR = 1024
 
 
-def _slot_setters(cls: type, names: str) -> tuple[Callable[[Any, Any], None], ...]:
-    """The setters of ``cls``'s slots, for an ``__init__`` that bypasses the frozen guard.
-
-    A frozen dataclass's generated ``__init__`` assigns each field through
-    ``object.__setattr__``, which costs twice what the slot's own setter does, and the
-    worker builds a ``Job`` and an ``Outcome`` for every task (0.5 us -> 0.3 us each).
-    """
-    return tuple(vars(cls)[name].__set__ for name in names.split())
-
-
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class Job:
-    """A message as the pool receives it: the body is still undecoded bytes."""
+    """A message as the pool receives it: the body is still undecoded bytes. What goes
+    in at every boundary of the execution seam (the consumer's ``submit``, the pipes' JOB
+    frame, ``execute``)."""
 
     seq: int
     """This worker's number for the job (not the task id, which is ``headers["id"]``)."""
@@ -70,25 +61,12 @@ class Job:
     delivery_count: int
     hostname: str
 
-    def __init__(self, seq: int, headers: dict[str, Any], body: bytes, content_type: str,
-                 queue: str, delivery_count: int, hostname: str) -> None:
-        set_seq, set_headers, set_body, set_content_type, set_queue, set_count, set_host = (
-            _JOB_SETTERS)
-        set_seq(self, seq)
-        set_headers(self, headers)
-        set_body(self, body)
-        set_content_type(self, content_type)
-        set_queue(self, queue)
-        set_count(self, delivery_count)
-        set_host(self, hostname)
 
-
-_JOB_SETTERS = _slot_setters(Job, "seq headers body content_type queue delivery_count hostname")
-
-
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class Outcome:
-    """What the main process does with the message after the task ran."""
+    """What the main process does with the message after the task ran. What comes out at
+    every boundary of the execution seam (``execute``, the pipes' DONE frame, the pool's
+    ``on_job_done``)."""
 
     action: Action
     state: str | None = None
@@ -99,74 +77,57 @@ class Outcome:
     shown: Shown | None = None
     """For task events (only when they are on): the result's or the exception's repr."""
 
-    def __init__(self, action: Action, state: str | None = None, reason: str | None = None,
-                 runtime: float = 0.0, stored: Stored | None = None,
-                 shown: Shown | None = None) -> None:
-        set_action, set_state, set_reason, set_runtime, set_stored, set_shown = (
-            _OUTCOME_SETTERS)
-        set_action(self, action)
-        set_state(self, state)
-        set_reason(self, reason)
-        set_runtime(self, runtime)
-        set_stored(self, stored)
-        set_shown(self, shown)
+
+Ran = tuple[str | None, Any, Action, str | None]
+"""What running the task came to: (state to store or None, value or exception, action,
+reason)."""
 
 
-_OUTCOME_SETTERS = _slot_setters(Outcome, "action state reason runtime stored shown")
+@dataclass(slots=True)
+class _Call:
+    """What ``_begin`` prepared and ``_end`` finishes."""
+
+    task: Task[Any, Any]
+    request: Request
+    job: Job
+    embed: dict[str, Any] | None
+    """What the message asks for after the task (None: nothing)."""
+    backend: ResultBackend | None
+    """Where its result goes; None: nowhere (``ignore_result``)."""
+    scope: tuple[Any, Any] | None
+    """The request made current (``Task.enter``), when hooks or handlers need it."""
+    started: float
 
 
 def execute(app: Celeriac, job: Job, task_events: bool = False,
             loop: asyncio.AbstractEventLoop | None = None) -> Outcome:
-    """Run ``job`` here; an ``async def`` task on ``loop`` (not running: this thread's own,
-    kept from task to task so that what a task leaves on it, a client's connection pool
-    say, stays usable), else on a fresh loop."""
-    if loop is not None and is_async(app, job.headers):
-        return Outcome(*loop.run_until_complete(aexecute_message(
-            app, job.headers, job.body, job.content_type, job.queue, job.delivery_count,
-            job.hostname, task_events)))
-    return Outcome(*execute_message(app, job.headers, job.body, job.content_type, job.queue,
-                                    job.delivery_count, job.hostname, task_events))
-
-
-def execute_message(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str,
-                    queue: str, delivery_count: int, hostname: str,
-                    task_events: bool = False) -> Result:
-    """``execute`` for a caller that holds the job's fields rather than a ``Job``.
-
-    A pool child reads the fields from its pipe and writes them back; building a ``Job``
-    and an ``Outcome`` (frozen dataclasses, about 0.5 us each) would only be thrown away.
-    With ``task_events``, the result also carries what the events show (``Shown``),
-    made here, beside the task, rather than in the worker's main process.
-    """
-    call = _begin(app, headers, body, content_type, queue, hostname, delivery_count)
-    if len(call) != _CALL_LEN:
+    """Run ``job`` here, in a thread (the solo and threads pools, a prefork child in sync
+    mode). An ``async def`` task's coroutine runs on ``loop`` (not running: this thread's
+    own, kept from task to task so that what a task leaves on it, a client's connection
+    pool say, stays usable), else on a fresh loop. With ``task_events``, the outcome also
+    carries what the events show (``Shown``), made here, beside the task, rather than in
+    the worker's main process."""
+    call = _begin(app, job)
+    if isinstance(call, Outcome):
         return call
-    task, request, args, kwargs = call[:4]
-    if task.is_async:
-        # An executor without a loop of its own: the coroutine runs on a fresh one.
-        # (The pools run async tasks on their loops, through aexecute_message.)
-        state, retval, action, reason = run_sync(_arun(task, request, args, kwargs, None))
-    else:
-        state, retval, action, reason = _run(task, request, args, kwargs)
-    return _end(app, call, state, retval, action, reason, task_events)
+    if not call.task.is_async:
+        return _end(app, call, _run(call), task_events)
+    coro = _arun(call, None)
+    return _end(app, call, run_sync(coro) if loop is None else loop.run_until_complete(coro),
+                task_events)
 
 
-async def aexecute_message(app: Celeriac, headers: dict[str, Any], body: bytes,
-                           content_type: str, queue: str, delivery_count: int, hostname: str,
-                           task_events: bool = False, guard: Guard | None = None) -> Result:
-    """``execute_message`` for an ``async def`` task, awaited in its own asyncio task
-    (its context variables are its own). ``guard``: its time limits; once the hard one
-    has fired the task fails with ``TimeLimitExceeded`` whatever it did after. Decoding,
-    hooks, follow-ups and the result's encoding run on the loop as they do in a thread:
-    short, and in the same order as for a sync task."""
-    call = _begin(app, headers, body, content_type, queue, hostname, delivery_count)
-    if len(call) != _CALL_LEN:
+async def aexecute(app: Celeriac, job: Job, task_events: bool = False,
+                   guard: Guard | None = None) -> Outcome:
+    """``execute`` for an ``async def`` task, awaited in its own asyncio task (its context
+    variables are its own). ``guard``: its time limits; once the hard one has fired the
+    task fails with ``TimeLimitExceeded`` whatever it did after. Decoding, hooks,
+    follow-ups and the result's encoding run on the loop as they do in a thread: short,
+    and in the same order as for a sync task."""
+    call = _begin(app, job)
+    if isinstance(call, Outcome):
         return call
-    task, request, args, kwargs = call[:4]
-    state, retval, action, reason = await _arun(task, request, args, kwargs, guard)
-    if guard is not None and isinstance(guard.fired, TimeLimitExceeded):
-        state, retval, action, reason = states.FAILURE, guard.fired, "ack", None
-    return _end(app, call, state, retval, action, reason, task_events)
+    return _end(app, call, await _arun(call, guard), task_events)
 
 
 def is_async(app: Celeriac, headers: dict[str, Any]) -> bool:
@@ -175,68 +136,28 @@ def is_async(app: Celeriac, headers: dict[str, Any]) -> bool:
     return task is not None and task.is_async
 
 
-_Call = tuple[Any, ...]
-"""What ``_begin`` prepared and ``_end`` finishes: (task, request, args, kwargs, embed,
-backend, scope, started, headers, queue, hostname). A plain tuple, told from a ``Result``
-(six items) by its length: a class with eleven slots cost 0.6 us more per task."""
-_CALL_LEN = 11
-
-
-def _begin(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str,
-           queue: str, hostname: str, delivery_count: int) -> _Call:
+def _begin(app: Celeriac, job: Job) -> _Call | Outcome:
     """Decode the body, claim a chord body, build the request, store STARTED, run the
-    ``before_task`` hooks; a ``Result`` when the task must not run."""
-    task_id = headers["id"]
+    ``before_task`` hooks; an ``Outcome`` when the task must not run."""
+    headers = job.headers
     task = app.tasks[headers["task"]]  # the main process dead-letters unknown names
     started = time.monotonic()
-    try:
-        accept = serialization.accepted_content_types(app.settings.accept_content)
-        packed = headers.get(compression.HEADER)
-        if packed is not None:  # its name was checked where the message came in
-            body = compression.decompress(body, packed, app.settings.max_message_size)
-        args, kwargs, raw_embed = decode_body(serialization.loads(body, content_type, accept))
-        embed = raw_embed if raw_embed and _asks(raw_embed) else None
-        if embed is not None:
-            # A chord polled by celery.chord_unlock needs no size in its header tasks.
-            followups.check_embed(embed, headers.get("group"), sizes_stored=(
-                app.backend.chord_sizes_stored or app.backend.chords_by_unlock))
-    except DecodeError as exc:
-        logger.error("Task %s[%s] dead-lettered: %s", task.name, task_id, exc)
-        # Its FAILURE is stored too: a caller in get() learns why at once. (The state
-        # stays None in the outcome: for events this is a rejection, not a failed run.)
-        stored = None
-        if not (task.ignore_result or headers.get("ignore_result")):
-            stored = app.backend.encode(task_id, states.FAILURE, exc,
-                                        retries=int(headers.get("retries") or 0))
-        return "dead_letter", None, str(exc), 0.0, stored, None
-
+    decoded = _decode(app, task, job)
+    if isinstance(decoded, Outcome):
+        return decoded
     claim = headers.get(followups.CLAIM_HEADER)
     if isinstance(claim, str):
-        try:
-            first = followups.claimed(app, task_id, claim)
-        except Exception as exc:
-            logger.warning("Task %s[%s]: could not claim the chord body (%s); it goes back",
-                           task.name, task_id, exc)
-            return "requeue", None, "could not claim the chord body", 0.0, None, None
-        if not first:
-            logger.info("Task %s[%s] not run: another copy of this chord body ran",
-                        task.name, task_id)
-            return "ack", None, None, 0.0, None, None
-    limits = headers.get("timelimit") or (None, None)
-    # Positional: with sixteen keyword arguments the call costs 0.4 us more per task.
-    # _REQUEST_FIELDS (checked at import) pins the order.
-    request = Request(
-        task_id, task.name, args, kwargs, int(headers.get("retries") or 0),
-        headers.get("eta"), headers.get("expires"), headers.get("root_id"),
-        headers.get("parent_id"), headers.get("group"), hostname,
-        {"queue": queue, "delivery_count": delivery_count}, headers, (limits[0], limits[1]),
-        False, False,
-    )
+        refused = _claim(app, task, headers["id"], claim)
+        if refused is not None:
+            return refused
+    args, kwargs, embed = decoded
+    request = _request(task, job, args, kwargs)
     backend = None if task.ignore_result or headers.get("ignore_result") else app.backend
     if backend is not None:
         track = task.options.track_started
         if app.settings.task_track_started if track is None else track:
-            backend.store(task_id, states.STARTED, {"pid": os.getpid(), "hostname": hostname},
+            backend.store(request.id, states.STARTED,
+                          {"pid": os.getpid(), "hostname": job.hostname},
                           retries=request.retries)
     hooks = app.hooks
     # Hooks, signal receivers and handlers see the task's request as current (Celery's
@@ -244,16 +165,76 @@ def _begin(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: st
     scope = task.enter(request) if hooks or task.has_handlers else None
     if hooks:
         hooks.call("before_task", request)
-    return (task, request, args, kwargs, embed, backend, scope, started, headers, queue,
-            hostname)
+    return _Call(task, request, job, embed, backend, scope, started)
 
 
-def _end(app: Celeriac, call: _Call, state: str | None, retval: Any, action: Action,
-         reason: str | None, task_events: bool) -> Result:
+def _decode(app: Celeriac, task: Task[Any, Any], job: Job
+            ) -> tuple[Any, Any, dict[str, Any] | None] | Outcome:
+    """The body's args, kwargs and embed (None when it asks for nothing after the task);
+    a dead-letter ``Outcome`` when the body cannot be decoded."""
+    headers = job.headers
+    try:
+        accept = serialization.accepted_content_types(app.settings.accept_content)
+        body = job.body
+        packed = headers.get(compression.HEADER)
+        if packed is not None:  # its name was checked where the message came in
+            body = compression.decompress(body, packed, app.settings.max_message_size)
+        args, kwargs, raw_embed = decode_body(serialization.loads(body, job.content_type,
+                                                                  accept))
+        embed = raw_embed if raw_embed and _asks(raw_embed) else None
+        if embed is not None:
+            # A chord polled by celery.chord_unlock needs no size in its header tasks.
+            followups.check_embed(embed, headers.get("group"), sizes_stored=(
+                app.backend.chord_sizes_stored or app.backend.chords_by_unlock))
+    except DecodeError as exc:
+        logger.error("Task %s[%s] dead-lettered: %s", task.name, headers["id"], exc)
+        # Its FAILURE is stored too: a caller in get() learns why at once. (The state
+        # stays None in the outcome: for events this is a rejection, not a failed run.)
+        stored = None
+        if not (task.ignore_result or headers.get("ignore_result")):
+            stored = app.backend.encode(headers["id"], states.FAILURE, exc,
+                                        retries=int(headers.get("retries") or 0))
+        return Outcome("dead_letter", None, str(exc), 0.0, stored)
+    return args, kwargs, embed
+
+
+def _claim(app: Celeriac, task: Task[Any, Any], task_id: str, claim: str) -> Outcome | None:
+    """Claim a chord body's run (``followups.claimed``); an ``Outcome`` when this copy
+    must not run: another ran, or the claim could not be made (it goes back)."""
+    try:
+        first = followups.claimed(app, task_id, claim)
+    except Exception as exc:
+        logger.warning("Task %s[%s]: could not claim the chord body (%s); it goes back",
+                       task.name, task_id, exc)
+        return Outcome("requeue", None, "could not claim the chord body")
+    if not first:
+        logger.info("Task %s[%s] not run: another copy of this chord body ran",
+                    task.name, task_id)
+        return Outcome("ack")
+    return None
+
+
+def _request(task: Task[Any, Any], job: Job, args: Any, kwargs: Any) -> Request:
+    """The task's ``self.request`` for this message."""
+    headers = job.headers
+    limits = headers.get("timelimit") or (None, None)
+    return Request(
+        id=headers["id"], task=task.name, args=args, kwargs=kwargs,
+        retries=int(headers.get("retries") or 0), eta=headers.get("eta"),
+        expires=headers.get("expires"), root_id=headers.get("root_id"),
+        parent_id=headers.get("parent_id"), group=headers.get("group"),
+        hostname=job.hostname,
+        delivery_info={"queue": job.queue, "delivery_count": job.delivery_count},
+        headers=headers, timelimit=(limits[0], limits[1]), called_directly=False)
+
+
+def _end(app: Celeriac, call: _Call, ran: Ran, task_events: bool) -> Outcome:
     """Follow-ups, the result's encoding, handlers and ``after_task`` hooks, the log."""
-    task, request, args, kwargs, embed, backend, scope, started, headers, queue, hostname = call
+    state, retval, action, reason = ran
+    task, request, job = call.task, call.request, call.job
+    embed, backend = call.embed, call.backend
     task_id = request.id
-    runtime = time.monotonic() - started
+    runtime = time.monotonic() - call.started
     stored = shown = None
     failed = isinstance(retval, BaseException)
     tb = "".join(traceback.format_exception(retval)) if failed and (
@@ -261,8 +242,9 @@ def _end(app: Celeriac, call: _Call, state: str | None, retval: Any, action: Act
     # Follow-ups go first: what they send is stored with the result (``children``).
     followed = embed is None or _follow_up(app, request, state, retval, tb, embed)
     if backend is not None and state is not None:
-        extended = {"name": task.name, "args": args, "kwargs": kwargs, "worker": hostname,
-                    "queue": queue} if app.settings.result_extended else None
+        extended = {"name": task.name, "args": request.args, "kwargs": request.kwargs,
+                    "worker": job.hostname, "queue": job.queue
+                    } if app.settings.result_extended else None
         if request.children:
             extended = {**(extended or {}), "children": request.children}
         stored = backend.encode(task_id, state, retval, traceback=tb, retries=request.retries,
@@ -291,10 +273,10 @@ def _end(app: Celeriac, call: _Call, state: str | None, retval: Any, action: Act
     hooks = app.hooks
     if hooks:
         hooks.call("after_task", request, state, retval)
-    if scope is not None:
-        task.leave(scope)
-    _log(headers.get("shadow") or task.name, task_id, state, retval, runtime)
-    return action, state, reason, runtime, stored, shown
+    if call.scope is not None:
+        task.leave(call.scope)
+    _log(job.headers.get("shadow") or task.name, task_id, state, retval, runtime)
+    return Outcome(action, state, reason, runtime, stored, shown)
 
 
 _CHORD_ENDS = (states.SUCCESS, states.FAILURE)
@@ -336,32 +318,30 @@ def exception_repr(exc: BaseException) -> str:
     return text if len(text) <= EXCEPTION_REPR else text[:EXCEPTION_REPR - 3] + "..."
 
 
-_REQUEST_FIELDS = ("id", "task", "args", "kwargs", "retries", "eta", "expires", "root_id",
-                   "parent_id", "group", "hostname", "delivery_info", "headers", "timelimit",
-                   "is_eager", "called_directly", "children")
-if tuple(f.name for f in fields(Request)) != _REQUEST_FIELDS:  # pragma: no cover
-    raise ImportError("celeriac.tasks.Request changed its fields: update execute_message")
-
-
-def _run(task: Any, request: Request, args: Any, kwargs: Any
-         ) -> tuple[str | None, Any, Action, str | None]:
-    """Run the task; returns (state to store or None, value or exception, action, reason)."""
+def _run(call: _Call) -> Ran:
+    """Run the task (the sync edge's middle)."""
+    request = call.request
     try:
-        return states.SUCCESS, task.run_with(request, args, kwargs), "ack", None
+        value = call.task.run_with(request, request.args, request.kwargs)
     except Exception as exc:
         return _raised(exc)
+    return states.SUCCESS, value, "ack", None
 
 
-async def _arun(task: Any, request: Request, args: Any, kwargs: Any, guard: Guard | None
-                ) -> tuple[str | None, Any, Action, str | None]:
-    """``_run`` for an ``async def`` task."""
+async def _arun(call: _Call, guard: Guard | None) -> Ran:
+    """``_run`` for an ``async def`` task (the async edge's middle)."""
+    request = call.request
     try:
-        return states.SUCCESS, await task.arun_with(request, args, kwargs, guard), "ack", None
+        value = await call.task.arun_with(request, request.args, request.kwargs, guard)
+        ran: Ran = (states.SUCCESS, value, "ack", None)
     except Exception as exc:
-        return _raised(exc)
+        ran = _raised(exc)
+    if guard is not None and isinstance(guard.fired, TimeLimitExceeded):
+        return states.FAILURE, guard.fired, "ack", None
+    return ran
 
 
-def _raised(exc: Exception) -> tuple[str | None, Any, Action, str | None]:
+def _raised(exc: Exception) -> Ran:
     """What a task that raised ``exc`` comes to: Celery's control-flow exceptions first."""
     if isinstance(exc, Retry):
         return states.RETRY, exc.exc or exc, "ack", None

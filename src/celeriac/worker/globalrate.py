@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._net import backoff
+from ..clients.net import backoff
 from ..stores import SharedStore, batch_for
 
 if TYPE_CHECKING:

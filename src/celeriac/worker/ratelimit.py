@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._rates import ACCEPTED as ACCEPTED
-from .._rates import UNITS as UNITS
-from .._rates import parse_rate as parse_rate
 from ..errors import ConfigurationError
 from ..protocol import parse_time, utcnow
+from ..settings.rates import ACCEPTED as ACCEPTED
+from ..settings.rates import UNITS as UNITS
+from ..settings.rates import parse_rate as parse_rate
 from ..stores import store_for
 from .globalrate import SharedTokens, StoreRunner
 

@@ -9,7 +9,7 @@ from ..errors import BrokerError, BrokerLost
 from .blueprint import Step
 from .consumer import Consumer
 from .pool import POOLS
-from .pool.base import Pool
+from .pool.base import NullClient, Pool
 from .timer import Timer
 
 logger = logging.getLogger("celeriac.worker.steps")
@@ -29,7 +29,9 @@ class PoolStep(Step):
     async def start(self) -> None:
         w = self.worker
         cls = POOLS[w.pool_name]
-        self.pool: Pool = cls(w.app, w.concurrency, timer=w.timer, on_fatal=w.fail)
+        # Until the consumer attaches (ConsumerStep), the pool's only report that matters
+        # is a fatal one: the worker's fail() takes it.
+        self.pool: Pool = cls(w.app, w.concurrency, timer=w.timer, client=NullClient(w.fail))
         self.pool.task_events = w.task_events
         w.pool_started(self.pool)
         # Forks wait for the events thread to leave its broker client (events/forking.py):

@@ -18,7 +18,7 @@ What is sent, by the consumer's steps (see ``celeriac.events`` for the wire form
 - task-revoked: expired on arrival;
 - task-progress (ours; Celery has none): the running task called ``update_state``,
   with ``state`` and ``meta`` (JSON up to 1 KiB, else a short repr); throttled to one
-  per 0.1 s per task where the task runs (``celeriac._progress``). Sent at once: the
+  per 0.1 s per task where the task runs (``celeriac.runtime.progress``). Sent at once: the
   last one precedes the task's final event. ``meta`` is kept with
   ``events_hide_args`` (it is what the task chose to publish, not its arguments).
 """

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pika
 import pika.exceptions
 
-from ..._net import backoff, retry_policy
+from ...clients.net import backoff, retry_policy
 from ...errors import BrokerUnavailable, OperationalError
 from ..base import Outgoing
 from . import wire

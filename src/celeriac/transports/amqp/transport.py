@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import DeliveredMessage
 
-from ..._net import backoff
+from ...clients.net import backoff
 from ...errors import BrokerUnavailable
 from ...protocol import Delivery
 from ..base import DeadLetter, Outgoing, Subscription, Transport

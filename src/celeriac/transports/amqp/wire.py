@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from ..._net import mask_password
+from ...clients.net import mask_password
 from ...errors import ConfigurationError, EncodeError
 from ...protocol import Message
 from ..base import PRIVATE_PREFIX, DeadLetter

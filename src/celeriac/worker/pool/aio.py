@@ -11,7 +11,7 @@ The set also watches the loop's lag (``_aio.LagWatch``) and names the task that 
 ``TaskSet.cancel(seq)`` is a revoke with terminate: that job's asyncio task is cancelled
 (``CancelledError`` at the await it waits in, so its ``finally`` blocks and ``async
 with`` exits run), and whatever it does after, it ends ``REVOKED`` (reported by
-``on_result`` as ``("ack", "REVOKED", reason, ...)``; the pool stores ``TaskRevoked``,
+``on_outcome`` as ``Outcome("ack", "REVOKED", reason)``; the pool stores ``TaskRevoked``,
 ``revoked_outcome``). The other jobs on the loop go on. A job cancelled before it starts
 (the seq is in ``cancelled`` when it arrives) is cancelled before its first step. One that
 ignores the cancellation (it swallows ``CancelledError``, or blocks the loop) is the
@@ -27,36 +27,36 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import states
-from ..._aio import Guard, LagWatch
 from ...errors import SoftTimeLimitExceeded, TaskRevoked, TimeLimitExceeded
-from ..execute import Job, Outcome, Result, aexecute_message, exception_repr
+from ...runtime.aio import Guard, LagWatch
+from ..execute import Job, Outcome, aexecute, exception_repr
 
 if TYPE_CHECKING:
-    from ..._progress import ProgressReporter
     from ...app import Celeriac
+    from ...runtime.progress import ProgressReporter
 
 logger = logging.getLogger("celeriac.worker.pool.aio")
 
-OnResult = Callable[[Job, Result], None]
+OnOutcome = Callable[[Job, Outcome], None]
 
 SHOWN_IN_LAG = 3
 """Tasks a lag report lists when no single task holds the loop."""
 
 
 class TaskSet:
-    """The async jobs running on ``loop``; ``on_result(job, result)`` is called on the
+    """The async jobs running on ``loop``; ``on_outcome(job, outcome)`` is called on the
     loop as each ends (before the next job waiting for room can start)."""
 
-    def __init__(self, app: Celeriac, loop: asyncio.AbstractEventLoop, on_result: OnResult,
+    def __init__(self, app: Celeriac, loop: asyncio.AbstractEventLoop, on_outcome: OnOutcome,
                  *, task_events: bool = False, reporter: ProgressReporter | None = None,
                  where: str = "event loop", cancelled: set[int] | None = None) -> None:
         self.app = app
         self.loop = loop
-        self.on_result = on_result
+        self.on_outcome = on_outcome
         self.task_events = task_events
         self.reporter = reporter
         self.where = where
-        self.running: dict[asyncio.Task[Result], Job] = {}
+        self.running: dict[asyncio.Task[Outcome], Job] = {}
         self.cancelled: set[int] = cancelled if cancelled is not None else set()
         """Seqs of jobs to cancel (revoke with terminate). Another thread may add to it
         (a prefork child's control thread, ``Inbox.cancelled``): a job not started yet
@@ -71,9 +71,7 @@ class TaskSet:
 
     def start(self, job: Job, soft: float | None, hard: float | None) -> None:
         guard = Guard() if soft or hard else None
-        coro = aexecute_message(self.app, job.headers, job.body, job.content_type, job.queue,
-                                job.delivery_count, job.hostname, self.task_events, guard)
-        task = self.loop.create_task(coro)
+        task = self.loop.create_task(aexecute(self.app, job, self.task_events, guard))
         self.running[task] = job
         handles: list[asyncio.TimerHandle] = []
         if guard is not None:
@@ -98,7 +96,7 @@ class TaskSet:
                 self._cancel(task, job)
                 return
 
-    def _cancel(self, task: asyncio.Task[Result], job: Job) -> None:
+    def _cancel(self, task: asyncio.Task[Outcome], job: Job) -> None:
         if job.seq in self._revoked or task.done():
             return
         self._revoked.add(job.seq)
@@ -111,7 +109,7 @@ class TaskSet:
                      job.headers["task"], job.headers["id"], limit)
         guard.interrupt(TimeLimitExceeded(f"hard time limit ({limit}s) exceeded"))
 
-    def _done(self, task: asyncio.Task[Result], handles: list[asyncio.TimerHandle],
+    def _done(self, task: asyncio.Task[Outcome], handles: list[asyncio.TimerHandle],
               began: float) -> None:
         job = self.running.pop(task)
         for handle in handles:
@@ -129,17 +127,17 @@ class TaskSet:
                 logger.warning("Task %s[%s] went on after its cancellation and ended; "
                                "it is revoked all the same", job.headers["task"],
                                job.headers["id"])
-            result: Result = ("ack", states.REVOKED, f"terminated: cancelled on {self.where}",
-                              time.monotonic() - began, None, None)
-            self.on_result(job, result)
+            self.on_outcome(job, Outcome("ack", states.REVOKED,
+                                         f"terminated: cancelled on {self.where}",
+                                         time.monotonic() - began))
             return
         try:
-            result = task.result()
+            outcome = task.result()
         except BaseException as exc:  # cancelled by a stop, or a bug here
             logger.error("Task %s[%s] did not finish on the loop: %r", job.headers["task"],
                          job.headers["id"], exc)
-            result = ("requeue", None, repr(exc), 0.0, None, None)
-        self.on_result(job, result)
+            outcome = Outcome("requeue", None, repr(exc))
+        self.on_outcome(job, outcome)
 
     def describe(self, task: asyncio.Task[Any] | None) -> str | None:
         if not self.running:

@@ -1,15 +1,19 @@
 """The pool interface: where the worker's main process sends jobs to be executed.
 
-The consumer submits a ``Job`` while ``free_slots() + queue_slots() > 0`` and is called
-back with the job and its ``Outcome`` on the event loop when the job is done. A free slot
+The consumer submits a ``Job`` while ``free_slots() + queue_slots() > 0`` and is told,
+on the event loop, of the job and its ``Outcome`` when the job is done. A free slot
 starts the job now; a queue slot (prefork's lookahead) holds it behind a running job, and
-the pool hands it back through ``on_returned`` if it cannot start it after all. Other
+the pool hands it back (``on_job_returned``) if it cannot start it after all. Other
 prefetched messages wait in the consumer, where shutdown can give them back.
+
+A pool reports to one ``PoolClient`` (the consumer), every report a method of it: one
+object to read for what a pool can say, and nothing a pool or a test can leave half set.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,23 +23,67 @@ from ..timer import Timer
 if TYPE_CHECKING:
     from ...app import Celeriac
 
-OnDone = Callable[[Job, Outcome], None]
+logger = logging.getLogger("celeriac.worker.pool")
 
 
 class PoolClient(Protocol):
-    """Where a pool reports: the consumer. It may also have ``on_job_progress(task_id,
-    state, meta)``, called for a running task's ``update_state`` while task events are
-    on (``attach`` takes it when present)."""
+    """Where a pool reports (the consumer), always on the event loop."""
 
-    def on_job_done(self, job: Job, outcome: Outcome) -> None: ...
-    def on_slot(self) -> None: ...
-    def on_job_started(self, job: Job) -> None: ...
-    def on_job_returned(self, job: Job) -> None: ...
+    def on_job_done(self, job: Job, outcome: Outcome) -> None:
+        """``job`` ended; ``outcome`` says what to do with its message. The slot it held
+        is open again: the client dispatches from here."""
+
+    def on_slot(self) -> None:
+        """A slot may have opened outside ``on_job_done`` (a child came up)."""
+
+    def on_job_started(self, job: Job) -> None:
+        """``job`` started running (task events, revoke with terminate)."""
+
+    def on_job_returned(self, job: Job) -> None:
+        """The pool took ``job`` but never started it and cannot start it now."""
+
+    def on_job_progress(self, task_id: str, state: str, meta: Any) -> None:
+        """A running task's ``update_state`` (meta as JSON made it; throttled where the
+        task runs), only while the pool's ``task_events`` is on."""
+
+    def on_fatal(self, reason: str) -> None:
+        """The pool cannot go on (a restart storm): the worker must stop."""
+
+
+class NullClient:
+    """A client that takes no notice: a pool's until one is attached, and a pool's used
+    alone (tests, benchmarks). A fatal report is never dropped: it goes to ``fail`` (the
+    worker's, so a restart storm before the consumer attached still stops the worker),
+    else to the log."""
+
+    def __init__(self, fail: Callable[[str], None] | None = None) -> None:
+        self._fail = fail
+
+    def on_job_done(self, job: Job, outcome: Outcome) -> None:
+        pass
+
+    def on_slot(self) -> None:
+        pass
+
+    def on_job_started(self, job: Job) -> None:
+        pass
+
+    def on_job_returned(self, job: Job) -> None:
+        pass
+
+    def on_job_progress(self, task_id: str, state: str, meta: Any) -> None:
+        pass
+
+    def on_fatal(self, reason: str) -> None:
+        if self._fail is not None:
+            self._fail(reason)
+        else:
+            logger.critical("the pool cannot go on: %s", reason)
 
 
 class Pool(abc.ABC):
     def __init__(self, app: Celeriac, concurrency: int, *, timer: Timer | None = None,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
+                 client: PoolClient | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
         self.app = app
@@ -43,31 +91,16 @@ class Pool(abc.ABC):
         self.timer = timer
         """The worker's Timer (time limits, the supervisor's tick); a pool made without
         one makes its own when it starts."""
-        self.on_done: OnDone = lambda job, outcome: None
-        """Called with each job and its outcome, on the event loop."""
-        self.on_ready: Callable[[], None] = lambda: None
-        """Called when a slot may have opened outside ``on_done`` (a child came up)."""
-        self.on_started: Callable[[Job], None] = lambda job: None
-        """Called when a job starts running (task events)."""
-        self.on_returned: Callable[[Job], None] = lambda job: None
-        """Called with a job the pool took but never started and cannot start now."""
-        self.on_progress: Callable[[str, str, Any], None] = lambda task_id, state, meta: None
-        """Called with a running task's ``update_state`` (task id, state, meta as JSON
-        made it; throttled where the task runs), only while ``task_events`` is on."""
-        self.on_fatal: Callable[[str], None] = on_fatal or (lambda reason: None)
-        """Called when the pool cannot go on (a restart storm); the worker stops."""
+        self.client: PoolClient = client or NullClient()
+        """Where the pool reports (``attach``)."""
         self.task_events = False
         """Set before ``start``: outcomes carry what task events show (result and
         exception reprs, tracebacks); off, the executing processes skip that work."""
 
     def attach(self, client: PoolClient) -> None:
-        """Report to ``client`` (the consumer): every callback but ``on_fatal`` is set
-        here, in one place."""
-        self.on_done = client.on_job_done
-        self.on_ready = client.on_slot
-        self.on_started = client.on_job_started
-        self.on_returned = client.on_job_returned
-        self.on_progress = getattr(client, "on_job_progress", self.on_progress)
+        """Report to ``client`` from now on (the consumer, once it exists: the pool
+        starts before it)."""
+        self.client = client
 
     @abc.abstractmethod
     async def start(self) -> None: ...
@@ -91,7 +124,7 @@ class Pool(abc.ABC):
         return 0
 
     async def recall_queued(self) -> None:
-        """Hand back (``on_returned``) every job waiting behind a running one, so that a
+        """Hand back (``on_job_returned``) every job waiting behind a running one, so that a
         warm stop can give its message back; take no more of them."""
 
     @abc.abstractmethod

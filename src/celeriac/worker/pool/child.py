@@ -22,12 +22,12 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._progress import ProgressReporter
 from ...backends.base import ResultBackend, Stored, backend_class
 from ...errors import OperationalError, SoftTimeLimitExceeded
 from ...protocol import Message
+from ...runtime.progress import ProgressReporter
 from ...transports.base import Outgoing, Publisher, transport_class
-from ..execute import Job, Result, execute_message, is_async
+from ..execute import Job, Outcome, execute, is_async
 from . import pipes
 from .channels import Inbox, Outbox
 from .child_aio import AsyncMode
@@ -53,7 +53,7 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
         with contextlib.suppress(OSError):
             os.close(fd)
     outbox = Outbox(result_w)
-    _fresh_connections(app, outbox)
+    relay = _fresh_connections(app, outbox)
     try:
         app.hooks.call_strict("worker_process_init")
     except Exception as exc:
@@ -64,8 +64,8 @@ def main(app: Celeriac, job_r: int, control_r: int, result_w: int,
     # flight, full collections of the whole app took ~0.1 s each, stalling the loop.)
     gc.freeze()
     inbox = Inbox(job_r, control_r, outbox)
-    if isinstance(app._backend, RelayBackend):
-        app._backend.inbox = inbox  # chord_part reads its answers from the job pipe
+    if relay is not None:
+        relay.inbox = inbox  # chord_part reads its answers from the job pipe
     inbox.start()
     outbox.send(pipes.frame(pipes.UP, str(os.getpid()).encode()))
     # Told at fork whether task events are on: without them there is no reporter, so
@@ -119,33 +119,32 @@ def _serve(app: Celeriac, inbox: Inbox, outbox: Outbox, parent: int, max_tasks: 
                 return code or 0
             continue
         if reporter is None:
-            result = _run(app, job, soft_limit, task_events)
+            outcome = _run(app, job, soft_limit, task_events)
         else:
             task_id = job.headers["id"]
             reporter.begin(task_id)
             try:
-                result = _run(app, job, soft_limit, task_events)
+                outcome = _run(app, job, soft_limit, task_events)
             finally:
                 # Before DONE: the last progress precedes the task's final event.
                 reporter.end(task_id)
         retire = recycle.after_task()
         # The result travels with DONE: the parent stores it (batched with other
         # children's) before it acknowledges the message.
-        outbox.send(pipes.encode_done(job.seq, result, retire))
+        outbox.send(pipes.encode_done(job.seq, outcome, retire))
         if retire:
             return 0
         if os.getppid() != parent:
             return 0
 
 
-def _run(app: Celeriac, job: Job, soft_limit: float | None, task_events: bool) -> Result:
+def _run(app: Celeriac, job: Job, soft_limit: float | None, task_events: bool) -> Outcome:
     if soft_limit:
         signal.setitimer(signal.ITIMER_REAL, soft_limit)
     try:
-        return execute_message(app, job.headers, job.body, job.content_type, job.queue,
-                               job.delivery_count, job.hostname, task_events)
+        return execute(app, job, task_events)
     except SoftTimeLimitExceeded as exc:  # fired outside the task body (rare)
-        return "ack", None, repr(exc), 0.0, None, None
+        return Outcome("ack", None, repr(exc))
     finally:
         if soft_limit:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -198,16 +197,18 @@ def _reset_signals() -> None:
 _INHERITED: list[Any] = []
 
 
-def _fresh_connections(app: Celeriac, outbox: Outbox) -> None:
+def _fresh_connections(app: Celeriac, outbox: Outbox) -> RelayBackend | None:
+    """The child's own connections (``Celeriac.adopt_fork``): relays through ``outbox``
+    for a broker or backend that lives in the parent's memory; the relay backend if any."""
+    s = app.settings
+    publisher = (RelayPublisher(s.broker_url, s, outbox)
+                 if transport_class(s.broker_url).process_local else None)
+    relay = (RelayBackend(s.backend_url, s, outbox)
+             if backend_class(s.backend_url).process_local else None)
     # Keep the parent's connection objects alive but unused: closing an inherited SQLite
     # or socket handle from the child could disturb the parent's use of it.
-    _INHERITED.append((app._transport, app._backend))
-    app._transport = app._backend = None
-    app._pid = os.getpid()
-    if transport_class(app.settings.broker_url).process_local:
-        app._relay = RelayPublisher(app.settings.broker_url, app.settings, outbox)
-    if backend_class(app.settings.backend_url).process_local:
-        app._backend = RelayBackend(app.settings.backend_url, app.settings, outbox)
+    _INHERITED.append(app.adopt_fork(publisher=publisher, backend=relay))
+    return relay
 
 
 class RelayPublisher(Publisher):

@@ -39,14 +39,14 @@ import select
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..._aio import new_loop
-from ..execute import Job, Result, is_async
+from ...runtime.aio import new_loop
+from ..execute import Job, Outcome, is_async
 from . import pipes
 from .aio import TaskSet
 
 if TYPE_CHECKING:
-    from ..._progress import ProgressReporter
     from ...app import Celeriac
+    from ...runtime.progress import ProgressReporter
     from .channels import Inbox, Outbox
 
 logger = logging.getLogger("celeriac.worker.pool.child")
@@ -109,12 +109,12 @@ class AsyncMode:
         # ``inbox.cancelled`` already: it is cancelled as it starts.
         self.loop.call_soon_threadsafe(self.tasks.cancel, seq)
 
-    def _ended(self, job: Job, result: Result) -> None:
+    def _ended(self, job: Job, outcome: Outcome) -> None:
         if self.after_task():
             self.retiring = True
         # The result travels with DONE (the parent stores it before the ack). Every DONE
         # of a recycled child says so: the parent stops sending it jobs at the first.
-        self._dones.append(pipes.encode_done(job.seq, result, self.retiring))
+        self._dones.append(pipes.encode_done(job.seq, outcome, self.retiring))
         if len(self._dones) == 1:
             self.loop.call_soon(self._flush)
         self._pump()  # room opened: the job waiting for it, or more from the pipe

@@ -17,14 +17,12 @@ import asyncio
 import contextlib
 import os
 import struct
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import orjson
 
-from ..execute import Job
-
-if TYPE_CHECKING:
-    from ..execute import Action, Result, Shown
+from ...backends.base import Stored
+from ..execute import Job, Outcome
 
 HEADER = struct.Struct("!IB")
 META_LEN = struct.Struct("!I")
@@ -54,22 +52,6 @@ PROGRESS = 17  # update_state of a running task, only with task events on (_prog
 #                JSON [task_id, state, meta]; encode_progress / decode_progress
 
 
-class Done(NamedTuple):
-    """A child's report on a job: what to do with the message, and the result to store
-    (``stored``) and show in events (``shown``), if any. ``retire``: the child exits now
-    (max tasks or memory) and takes no further job."""
-
-    seq: int
-    action: Action
-    state: str | None
-    reason: str | None
-    runtime: float
-    retire: bool
-    stored: tuple[str, float | None, bytes] | None
-    """(content type, expiry as unix time, encoded result)"""
-    shown: Shown | None
-
-
 def encode_job(job: Job, soft_limit: float | None, hard_limit: float | None = None) -> bytes:
     """``hard_limit`` only for an async job: its child cancels it then (the parent kills
     a child over a sync job's hard limit itself)."""
@@ -95,25 +77,31 @@ def job_seq(payload: bytes) -> int:
     return seq
 
 
-def encode_done(seq: int, result: Result, retire: bool) -> bytes:
-    action, state, reason, runtime, stored, shown = result
-    meta: list[Any] = [seq, action, state, reason, runtime, retire]
+def encode_done(seq: int, outcome: Outcome, retire: bool) -> bytes:
+    """A child's report on job ``seq``: its ``Outcome``, and ``retire``: the child exits
+    now (max tasks or memory) and takes no further job. The outcome's fields go in a JSON
+    array, the encoded result as the blob after it."""
+    stored, shown = outcome.stored, outcome.shown
+    meta: list[Any] = [seq, retire, outcome.action, outcome.state, outcome.reason,
+                       outcome.runtime]
     if stored is not None or shown is not None:  # the common no-result case stays short
-        meta += [stored.content_type if stored else None,
-                 stored.expires_at if stored else None, shown]
+        meta += [stored.task_id, stored.content_type, stored.expires_at, shown] if stored \
+            else [None, None, None, shown]
     return frame_with_blob(DONE, meta, stored.data if stored else b"")
 
 
-def decode_done(payload: bytes) -> Done:
+def decode_done(payload: bytes) -> tuple[int, bool, Outcome]:
+    """``encode_done``'s (seq, retire, outcome). A plain tuple, unpacked where it is read:
+    the parent decodes one per task."""
     meta, data = split_blob(payload)
-    seq, action, state, reason, runtime, retire = meta[:6]
-    stored = shown = None
-    if len(meta) > 6:
-        if meta[6] is not None:
-            stored = (meta[6], meta[7], data)
-        if meta[8] is not None:
-            shown = (meta[8][0], meta[8][1])
-    return Done(seq, action, state, reason, runtime, retire, stored, shown)
+    if len(meta) == 6:
+        seq, retire, action, state, reason, runtime = meta
+        return seq, retire, Outcome(action, state, reason, runtime)
+    seq, retire, action, state, reason, runtime, task_id, content_type, expires_at, shown = meta
+    return seq, retire, Outcome(
+        action, state, reason, runtime,
+        None if task_id is None else Stored(task_id, content_type, data, expires_at),
+        None if shown is None else (shown[0], shown[1]))
 
 
 def encode_progress(task_id: str, state: str, meta_json: bytes) -> bytes:

@@ -38,7 +38,6 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ... import states
@@ -50,7 +49,7 @@ from ..timer import Timer
 from . import child as child_main
 from . import pipes
 from .aio import revoked_outcome
-from .base import Pool
+from .base import Pool, PoolClient
 from .children import ChildProc, fork_child
 from .prefork_async import AsyncDispatch
 from .supervisor import Supervisor, describe_status
@@ -66,8 +65,8 @@ IGNORED_BY_CHILDREN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 
 class PreforkPool(AsyncDispatch, Pool):
     def __init__(self, app: Celeriac, concurrency: int, *, timer: Timer | None = None,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
-        super().__init__(app, concurrency, timer=timer, on_fatal=on_fatal)
+                 client: PoolClient | None = None) -> None:
+        super().__init__(app, concurrency, timer=timer, client=client)
         s = app.settings
         self.max_tasks_per_child = s.worker_max_tasks_per_child
         self.max_memory_per_child = s.worker_max_memory_per_child
@@ -196,7 +195,7 @@ class PreforkPool(AsyncDispatch, Pool):
         proc.started = self.loop.time()
         if hard:
             proc.hard_limit = self.clock.call_after(hard, self._hard_limit, proc, job, hard)
-        self.on_started(job)
+        self.client.on_job_started(job)
 
     def _limits(self, job: Job) -> tuple[float | None, float | None]:
         limits = job.headers.get("timelimit") or (None, None)
@@ -240,7 +239,7 @@ class PreforkPool(AsyncDispatch, Pool):
         if self.idle and not self.closing and not self.no_lookahead:
             self.submit(job)
         else:
-            self.on_returned(job)
+            self.client.on_job_returned(job)
 
     # -- child -> parent ----------------------------------------------------------------
     def _on_readable(self, proc: ChildProc) -> None:
@@ -252,7 +251,7 @@ class PreforkPool(AsyncDispatch, Pool):
             # back by the cold stop, or redelivered when its lease ends.
             logger.critical("the pool failed reading child %d", proc.pid, exc_info=exc)
             self.loop.remove_reader(proc.result_fd)
-            self.on_fatal(f"the pool failed reading child {proc.pid}: "
+            self.client.on_fatal(f"the pool failed reading child {proc.pid}: "
                           f"{type(exc).__name__}: {exc}")
 
     def _read(self, proc: ChildProc) -> bool:
@@ -280,7 +279,7 @@ class PreforkPool(AsyncDispatch, Pool):
     def _frames(self, proc: ChildProc, data: bytes) -> None:
         for kind, payload in proc.reader.feed(data):
             if kind == pipes.DONE:
-                self._on_done_frame(proc, pipes.decode_done(payload))
+                self._on_done_frame(proc, *pipes.decode_done(payload))
             elif kind == pipes.RECALLED:
                 self._on_recalled(proc, int(payload))
             elif kind == pipes.STARTED:
@@ -291,7 +290,7 @@ class PreforkPool(AsyncDispatch, Pool):
             elif kind == pipes.UP:
                 proc.up = True
                 self._place(proc)
-                self.on_ready()
+                self.client.on_slot()
                 self._rebalance()
             elif kind == pipes.RELAY_PUBLISH:
                 meta, blob = pipes.split_blob(payload)
@@ -309,7 +308,7 @@ class PreforkPool(AsyncDispatch, Pool):
         task_id, state, meta = pipes.decode_progress(payload)
         for job in (proc.job, proc.queued, *proc.tasks.values()):  # queued: in limbo
             if job is not None and job.headers["id"] == task_id:
-                self.on_progress(task_id, state, meta)
+                self.client.on_job_progress(task_id, state, meta)
                 return
 
     def _relay_chord(self, proc: ChildProc, payload: bytes) -> None:
@@ -327,24 +326,25 @@ class PreforkPool(AsyncDispatch, Pool):
         # On the job pipe, behind any job already sent: the child sets those aside.
         proc.writer.write(answer)
 
-    def _on_done_frame(self, proc: ChildProc, done: pipes.Done) -> None:
+    def _on_done_frame(self, proc: ChildProc, seq: int, retire: bool, outcome: Outcome
+                       ) -> None:
         job, queued = proc.job, proc.queued
-        if job is not None and job.seq == done.seq:
+        if job is not None and job.seq == seq:
             self._finish(proc)
-        elif done.seq in proc.tasks:
-            job = self.finish_async(proc, done.seq)
-        elif job is None and queued is not None and queued.seq == done.seq:
+        elif seq in proc.tasks:
+            job = self.finish_async(proc, seq)
+        elif job is None and queued is not None and queued.seq == seq:
             # In limbo (recalled as it started): it ran, and finished before the child's
             # answer to the RECALL came. Its start is reported late, once; its hard time
             # limit was never armed, for a task that short.
             job, queued = queued, None
             proc.queued, proc.recalling = None, False
             self._release()
-            self.on_started(job)
+            self.client.on_job_started(job)
         else:
             return  # already settled (hard time limit fired as it finished)
         back = None
-        if done.retire:
+        if retire:
             if not proc.retiring:
                 logger.info("child %d recycled (max tasks or memory per child)%s", proc.pid,
                             f" after its {len(proc.tasks)} async task(s) in flight"
@@ -359,20 +359,13 @@ class PreforkPool(AsyncDispatch, Pool):
             proc.queued = None
             self.start_any(proc, queued, proc.queued_hard, proc.queued_async)
         self._place(proc)
-        if done.state == states.REVOKED:
+        if outcome.state == states.REVOKED:
             # An async job cancelled by a revoke with terminate (only those come back
             # so): settled as a terminated sync job is, TaskRevoked stored here.
-            outcome = self._terminated(job, done.reason or "terminated")
-        else:
-            stored = None
-            if done.stored is not None:
-                content_type, expires_at, data = done.stored
-                stored = Stored(job.headers["id"], content_type, data, expires_at)
-            outcome = Outcome(done.action, done.state, done.reason, done.runtime, stored,
-                              done.shown)
-        # The slot that opened is reported by on_done (the consumer dispatches from
-        # there); on_ready is only for slots that open otherwise.
-        self.on_done(job, outcome)
+            outcome = self._terminated(job, outcome.reason or "terminated")
+        # The slot that opened is reported by on_job_done (the consumer dispatches from
+        # there); on_slot is only for slots that open otherwise.
+        self.client.on_job_done(job, outcome)
         if back is not None:
             self._hand_back(back)
         self._rebalance()
@@ -417,8 +410,8 @@ class PreforkPool(AsyncDispatch, Pool):
         exc = TimeLimitExceeded(f"hard time limit ({limit}s) exceeded")
         self._kill(proc, "hard time limit")
         self._finish(proc)
-        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit",
-                                  stored=self._failure(job, exc), shown=self._shown(exc)))
+        self.client.on_job_done(job, Outcome("ack", states.FAILURE, "hard time limit", 0.0,
+                                             self._failure(job, exc), self._shown(exc)))
 
     def on_child_exit(self, proc: ChildProc, status: int) -> None:
         """Called by the supervisor once ``proc`` has been reaped."""
@@ -430,27 +423,37 @@ class PreforkPool(AsyncDispatch, Pool):
         proc.queued = None
         in_flight = len(proc.tasks)
         self.async_exit(proc, how)
+        in_flight += self._settle_exit(proc, job, queued, how)
+        if not self.children:
+            self._all_gone.set()
+        self._replace(proc, how, in_flight)
+
+    def _settle_exit(self, proc: ChildProc, job: Job | None, queued: Job | None, how: str
+                     ) -> int:
+        """Settle the sync job ``proc`` ran and the job queued behind it, now that it
+        exited; 1 if it was running a job (the death counts against that job), else 0."""
         if job is None and queued is not None and proc.recalling:
             job, queued = queued, None  # in limbo: it may have started, so it counts
             proc.job = job
-        if job is not None:
-            in_flight += 1
         cold = proc.killed_for == "cold shutdown"
         if job is not None:
             self._finish(proc)
             # Killed by a cold stop: not the task's fault, so not a counted loss. Its
             # message stays with the consumer, whose disconnect gives it back uncounted.
             if proc.killed_for == "revoked" and proc.revoked is job:
-                self.on_done(job, self._terminated(job, f"terminated: child {how}"))
+                self.client.on_job_done(job, self._terminated(job, f"terminated: child {how}"))
             elif not cold:
-                self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
+                self.client.on_job_done(job, self._lost(job, f"child {proc.pid} {how}"))
         if queued is not None:
             if cold:
                 self._release()
             else:
                 self._hand_back(queued)  # it never started: not a loss
-        if not self.children:
-            self._all_gone.set()
+        return 0 if job is None else 1
+
+    def _replace(self, proc: ChildProc, how: str, in_flight: int) -> None:
+        """Spawn a child in place of ``proc``, which exited, unless the pool is closing
+        or the death makes a restart storm (``in_flight``: the jobs it was running)."""
         planned = proc.retiring or proc.killed_for in ("hard time limit", "cold shutdown",
                                                        "revoked")
         if not planned:
@@ -476,8 +479,8 @@ class PreforkPool(AsyncDispatch, Pool):
                   else f"{how}; acks_late=False, not redelivered")
         logger.error("Task %s[%s] failed: WorkerLostError: %s", name, task_id, reason)
         exc = WorkerLostError(reason)
-        return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason,
-                       stored=self._failure(job, exc), shown=self._shown(exc))
+        return Outcome("dead_letter" if acks_late else "ack", states.FAILURE, reason, 0.0,
+                       self._failure(job, exc), self._shown(exc))
 
     # -- revoke with terminate --------------------------------------------------------
     def terminate_job(self, task_id: str, signum: int) -> bool:

@@ -124,7 +124,7 @@ class AsyncDispatch(Pool):
         if hard:
             proc.limits[job.seq] = self.clock.call_after(
                 hard + self.kill_grace, self._async_hard_limit, proc, job, hard)
-        self.on_started(job)
+        self.client.on_job_started(job)
 
     def start_any(self, proc: ChildProc, job: Job, hard: float | None, is_async: bool) -> None:
         if is_async:
@@ -181,8 +181,8 @@ class AsyncDispatch(Pool):
         exc = TimeLimitExceeded(f"hard time limit ({limit}s) exceeded")
         self._kill(proc, "hard time limit")
         self.finish_async(proc, job.seq)
-        self.on_done(job, Outcome("ack", states.FAILURE, "hard time limit",
-                                  stored=self._failure(job, exc), shown=self._shown(exc)))
+        self.client.on_job_done(job, Outcome("ack", states.FAILURE, "hard time limit", 0.0,
+                                             self._failure(job, exc), self._shown(exc)))
 
     def cancel_async(self, proc: ChildProc, job: Job) -> None:
         """Revoke with terminate of async ``job``, running on ``proc``'s loop: cancel
@@ -205,7 +205,7 @@ class AsyncDispatch(Pool):
                      job.headers["id"], self.kill_grace, proc.pid, len(proc.tasks) - 1)
         self._kill(proc, "revoked")
         self.finish_async(proc, job.seq)
-        self.on_done(job, self._terminated(
+        self.client.on_job_done(job, self._terminated(
             job, f"terminated: child {proc.pid} killed, the task ignored its cancellation "
                  f"for {self.kill_grace:g}s"))
 
@@ -222,12 +222,13 @@ class AsyncDispatch(Pool):
                 # Revoked with terminate, its cancellation under way: it died with its
                 # child, revoked all the same (never redelivered).
                 job = self.finish_async(proc, seq)
-                self.on_done(job, self._terminated(job, f"terminated: child {proc.pid} {how}"))
+                self.client.on_job_done(
+                    job, self._terminated(job, f"terminated: child {proc.pid} {how}"))
             elif why in ("hard time limit", "revoked"):
                 # Killed for another task's limit or revoke: not theirs to count. They run
                 # again, first in line (handed back as never started: no delivery spent).
                 self._hand_back(self.finish_async(proc, seq, release=False))
             else:
                 job = self.finish_async(proc, seq)
-                self.on_done(job, self._lost(job, f"child {proc.pid} {how}"))
+                self.client.on_job_done(job, self._lost(job, f"child {proc.pid} {how}"))
 

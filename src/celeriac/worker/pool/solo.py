@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from ..._aio import new_loop
-from ..._progress import ProgressReporter
+from ...runtime.aio import new_loop
+from ...runtime.progress import ProgressReporter
 from ..execute import Job, Outcome, execute
 from .base import Pool
 
@@ -48,7 +48,7 @@ class SoloPool(Pool):
         self.app.hooks.call("worker_process_init")
 
     def submit(self, job: Job) -> None:
-        self.on_started(job)
+        self.client.on_job_started(job)
         self._current = job
         self._idle.clear()
         self._jobs.put(job)
@@ -65,7 +65,7 @@ class SoloPool(Pool):
 
     def _progress(self, task_id: str, state: str, meta: Any) -> None:
         if not self._terminated:
-            self.on_progress(task_id, state, meta)
+            self.client.on_job_progress(task_id, state, meta)
 
     def _work(self) -> None:
         loop = new_loop()
@@ -98,7 +98,7 @@ class SoloPool(Pool):
             return  # abandoned: its message is given back by the cold stop
         self._current = None
         self._idle.set()
-        self.on_done(job, outcome)
+        self.client.on_job_done(job, outcome)
 
     async def join(self) -> None:
         await self._idle.wait()

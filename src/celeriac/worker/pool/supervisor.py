@@ -118,7 +118,7 @@ class Supervisor:
                    f"worker instead of restarting them (worker_max_restarts="
                    f"{self.max_restarts})")
         logger.critical("%s", message)
-        self.pool.on_fatal(message)
+        self.pool.client.on_fatal(message)
         return False
 
     async def reap_all(self, timeout: float) -> None:

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ... import states
-from ..._aio import new_loop
-from ..._progress import ProgressReporter
 from ...errors import ControlError, SoftTimeLimitExceeded
-from ..execute import Job, Outcome, Result, execute, is_async
+from ...runtime.aio import new_loop
+from ...runtime.progress import ProgressReporter
+from ..execute import Job, Outcome, execute, is_async
 from ..timer import Entry, Timer
-from .aio import OnResult, TaskSet, revoked_outcome
+from .aio import OnOutcome, TaskSet, revoked_outcome
 from .base import Pool
 
 if TYPE_CHECKING:
@@ -172,12 +172,12 @@ class ThreadsPool(Pool):
 
     def _progress(self, task_id: str, state: str, meta: object) -> None:
         if not self._terminated:
-            self.on_progress(task_id, state, meta)
+            self.client.on_job_progress(task_id, state, meta)
 
     def _begun(self, job: Job, soft: float | None, ident: int) -> None:
         if self._terminated or job.seq not in self._sync:
             return
-        self.on_started(job)
+        self.client.on_job_started(job)
         if soft:
             self._limits[job.seq] = self.clock.call_after(soft, self._soft_limit, job, ident)
 
@@ -203,12 +203,12 @@ class ThreadsPool(Pool):
         if self._aio is None:
             self._aio = _LoopThread(self.app, self.task_events, self._async_done,
                                     self._reporter)
-        self.on_started(job)
+        self.client.on_job_started(job)
         self._aio.start(job, soft, hard)
 
-    def _async_done(self, job: Job, result: Result) -> None:
+    def _async_done(self, job: Job, outcome: Outcome) -> None:
         # On the loop thread: over to the worker's loop.
-        self._call(self._async_settled, job, Outcome(*result))
+        self._call(self._async_settled, job, outcome)
 
     def _async_settled(self, job: Job, outcome: Outcome) -> None:
         entry = self._revoking.pop(job.seq, None)
@@ -256,7 +256,7 @@ class ThreadsPool(Pool):
     def _settled(self, job: Job, outcome: Outcome) -> None:
         if not self._sync and not self._async:
             self._idle.set()
-        self.on_done(job, outcome)
+        self.client.on_job_done(job, outcome)
 
     # -- stopping -------------------------------------------------------------------------
     async def recall_queued(self) -> None:
@@ -269,11 +269,11 @@ class ThreadsPool(Pool):
                 self._waiting.pop()
         for job, _soft in reversed(back):  # each goes first in line: last one first
             del self._sync[job.seq]
-            self.on_returned(job)
+            self.client.on_job_returned(job)
         while self._async_waiting:
             job = self._async_waiting.pop()[0]
             del self._async[job.seq]
-            self.on_returned(job)
+            self.client.on_job_returned(job)
         if not self._sync and not self._async:
             self._idle.set()
 
@@ -310,10 +310,10 @@ class ThreadsPool(Pool):
 class _LoopThread:
     """An event loop in a thread of its own, running async jobs (a ``TaskSet``)."""
 
-    def __init__(self, app: Celeriac, task_events: bool, on_result: OnResult,
+    def __init__(self, app: Celeriac, task_events: bool, on_outcome: OnOutcome,
                  reporter: ProgressReporter | None) -> None:
         self.loop = new_loop()
-        self.tasks = TaskSet(app, self.loop, on_result, task_events=task_events,
+        self.tasks = TaskSet(app, self.loop, on_outcome, task_events=task_events,
                              reporter=reporter, where="the threads pool's event loop")
         self.thread = threading.Thread(target=self._run, name="celeriac-async", daemon=True)
         self.thread.start()

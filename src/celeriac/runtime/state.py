@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import Celeriac
-    from .tasks import Task
+    from ..app import Celeriac
+    from ..tasks import Task
 
 _lock = threading.Lock()
 _apps: weakref.WeakSet[Celeriac] = weakref.WeakSet()

@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigurationError, DecodeError
+from ..errors import ConfigurationError, DecodeError
 
 MAGIC = b"\x00celery-compressed\x00"
 """What a compressed stored result begins with (Celery's ``COMPRESSED_PAYLOAD_MAGIC``)."""

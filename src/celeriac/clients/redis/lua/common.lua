@@ -1,6 +1,6 @@
 -- celeriac's Redis broker: the key layout, and the helpers every script shares.
 --
--- celeriac/redisclient/connector.py puts this file in front of each script of this directory when it
+-- celeriac/clients/redis/connector.py puts this file in front of each script of this directory when it
 -- loads it (SCRIPT LOAD, then EVALSHA), so every script Redis runs starts with this
 -- header. ARGV[1] is always the namespace (the URL's ?namespace=, default "celeriac");
 -- every key starts with it:

@@ -14,12 +14,12 @@ import functools
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from .errors import ConfigurationError, ContentDisallowed, DecodeError, EncodeError
+from ..errors import ConfigurationError, ContentDisallowed, DecodeError, EncodeError
+from . import markers
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +30,16 @@ class Serializer:
     loads: Callable[[bytes], Any]
 
 
-def _json_default(obj: Any) -> Any:
-    # orjson covers datetime, UUID, dataclasses and enums itself; these are what Celery's
-    # JSON encoder adds. Anything else must fail loudly instead of turning into a string.
-    if isinstance(obj, Decimal):
-        return str(obj)
-    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
-
-
 def _json_dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
+    # kombu's type markers for what JSON lacks (markers.py), so a datetime, Decimal, UUID
+    # or bytes argument arrives as itself here and at a Celery worker alike.
+    return orjson.dumps(markers.with_uuids(obj), default=markers.default,
+                        option=orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME)
+
+
+def _json_loads(data: bytes) -> Any:
+    value = orjson.loads(data)
+    return markers.unmark(value) if markers.MARKER in data else value
 
 
 def _msgpack_dumps(obj: Any) -> bytes:
@@ -59,7 +59,7 @@ def _pickle_dumps(obj: Any) -> bytes:
 
 
 SERIALIZERS: dict[str, Serializer] = {
-    "json": Serializer("json", "application/json", _json_dumps, orjson.loads),
+    "json": Serializer("json", "application/json", _json_dumps, _json_loads),
     "msgpack": Serializer("msgpack", "application/x-msgpack", _msgpack_dumps, _msgpack_loads),
     "pickle": Serializer("pickle", "application/x-python-serialize", _pickle_dumps, pickle.loads),
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 
 def load_object(obj: object | str) -> object:

@@ -33,8 +33,8 @@ import redis.asyncio.sentinel as asentinel
 import redis.connection
 import redis.sentinel
 
-from .._net import mask_password
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
+from ..net import mask_password
 
 DEFAULT_NAMESPACE = "celeriac"
 SENTINEL_SCHEMES = ("redis+sentinel", "sentinel")
@@ -42,7 +42,7 @@ CLUSTER_SCHEMES = ("redis+cluster",)
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
 # Our query parameters: taken out before a URL reaches redis-py. ``layout``,
 # ``visibility_timeout`` and ``global_keyprefix`` are the compatibility layout's
-# (``compat/layouts.py``), read where the layout is chosen; other users of the same URL (the
+# (``clients/schemes.py``), read where the layout is chosen; other users of the same URL (the
 # shared store) pass them by, but for the prefix (``_namespace``).
 _OURS = ("namespace", "master", "master_name", "sentinel_password", "replicas_ack",
          "replicas_ack_timeout", "layout", "visibility_timeout", "global_keyprefix")

@@ -15,16 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import compression
-from ._rates import parse_rate
-from .compat.names import DEFAULTS as CELERY_DEFAULTS
+from ..errors import ConfigurationError
+from ..serialization import accepted_content_types, compression, get_serializer
+from .celery_names import DEFAULTS as CELERY_DEFAULTS
 from .config import annotators, coerce, from_mapping, object_values, translate
-from .errors import ConfigurationError
+from .rates import parse_rate
 from .routing import Routing
-from .serialization import accepted_content_types, get_serializer
 
 if TYPE_CHECKING:
-    from .app import Celeriac
+    from ..app import Celeriac
 
 DEFAULT_URL = "sqlite:///celeriac.db"
 ENV_PREFIX = "CELERIAC_"
@@ -366,7 +365,7 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with these settings changed. Celery's names are read as
-        ``celeriac.config`` says: implemented, converted, harmless (a warning) or
+        ``celeriac.settings.config`` says: implemented, converted, harmless (a warning) or
         refused; an unknown name raises ``ConfigurationError``."""
         if changes.keys() - _FIELD_NAMES:
             changes = translate(changes, _FIELD_NAMES, "settings")
@@ -390,7 +389,7 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Settings from ``CELERIAC_<NAME>`` variables, e.g. ``CELERIAC_BROKER_URL``. A
         variable named after a Celery setting celeriac does not implement is refused or
-        warned about as ``celeriac.config`` says; other ``CELERIAC_`` variables are the
+        warned about as ``celeriac.settings.config`` says; other ``CELERIAC_`` variables are the
         application's own business."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}

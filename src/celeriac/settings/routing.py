@@ -20,10 +20,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from . import Settings
 
 
 class DeclaredQueue(NamedTuple):

@@ -12,16 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import states
-from .canvas.signature import Signature, maybe_signature, signature
-from .canvas.workflows import group
-from .errors import MaxRetriesExceededError
-from .result import GroupResult, tuple_id
+from .. import states
+from ..errors import MaxRetriesExceededError
+from ..result import GroupResult, tuple_id
+from . import followups
+from .signature import Signature, maybe_signature, signature
+from .workflows import group
 
 if TYPE_CHECKING:
-    from ._state import SharedTask
-    from .app import Celeriac
-    from .tasks import Task
+    from ..app import Celeriac
+    from ..runtime.state import SharedTask
+    from ..tasks import Task
 
 
 def register_builtins(app: Celeriac) -> None:
@@ -54,8 +55,6 @@ def _unlock_chord(app: Celeriac) -> Callable[..., None]:
     def unlock_chord(self: Task[Any, Any], group_id: str, callback: dict[str, Any],
                      interval: float | None = None, max_retries: int | None = None,
                      result: list[Any] | None = None, **kwargs: Any) -> None:
-        from .worker import followups
-
         request = self.request
         lineage = {"parent_id": request.id, "root_id": request.root_id or request.id}
         ids = [tuple_id(node) for node in result or ()]

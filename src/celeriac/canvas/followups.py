@@ -29,11 +29,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import states
-from ..canvas import Signature
 from ..errors import ChordError, DecodeError
 from ..producer import SendOptions, build
 from ..protocol import new_id, parse_time
 from ..result import GroupResult
+from .signature import Signature
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from ..protocol import Message
     from ..tasks import Request, Task
 
+# The logger keeps the name it had when this module lived in the worker: users' logging
+# configurations name it.
 logger = logging.getLogger("celeriac.worker.followups")
 
 SUPPORTED_TYPES = (None, "chain", "group", "chord")

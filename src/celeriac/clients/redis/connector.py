@@ -38,14 +38,14 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
-from .._net import backoff, retry_policy
-from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
+from ...errors import BrokerUnavailable, ConfigurationError, OperationalError
+from ..net import backoff, retry_policy
 from .lanes import AsyncLane, SyncLane, lane_params
 from .scripts import NotReplicated, check_wait, script_sha, script_source
 from .topology import DEFAULT_NAMESPACE, Endpoint, adiscover, discover, parse, parse_url, where
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...settings import Settings
 
 __all__ = ["DEFAULT_NAMESPACE", "Connector", "Endpoint", "parse_url", "script_sha",
            "script_source"]  # the first and the last three lived here before

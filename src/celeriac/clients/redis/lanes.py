@@ -2,7 +2,7 @@
 
 redis-py spends tens of microseconds of Python on each command (connection pool, retry
 wrapper, observability hooks; its asyncio client packs every argument in Python), more
-than a round trip to a local Redis costs. A producer's publish and the worker's exchange
+than a round trip to a local Redis costs. A producer's publish and the worker's settle_and_fetch
 pay that on every call, so their scripts go through a lane instead: the command packed
 by hiredis, written to one socket, the reply parsed by hiredis. Everything else
 (BLPOP, pub/sub, administration) stays on redis-py.

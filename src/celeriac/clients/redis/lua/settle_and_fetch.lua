@@ -1,4 +1,4 @@
--- exchange: the worker's hot path in one call. Store the results of finished tasks (as
+-- settle_and_fetch: the worker's hot path in one call. Store the results of finished tasks (as
 -- celeriac/backends/redis.py does), acknowledge messages, then fetch up to `limit` more
 -- (fetch_ready in common.lua). Results go first: in one script, no ack is ever visible
 -- without its result.

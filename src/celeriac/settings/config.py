@@ -1,6 +1,6 @@
 """Reading configuration the way Celery users write it, and ignoring none of it.
 
-Every one of Celery's 207 settings (``compat/names.py``) is one of:
+Every one of Celery's 207 settings (``celery_names.py``) is one of:
 
 - **implemented**: a ``Settings`` field of the same name;
 - **converted**: a Celery setting expressed in celeriac's terms (``CONVERTED``), e.g.
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from .compat.names import DEFAULTS as CELERY_DEFAULTS
-from .compat.names import OLD_NAMES
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from .celery_names import DEFAULTS as CELERY_DEFAULTS
+from .celery_names import OLD_NAMES
 
 logger = logging.getLogger("celeriac.config")
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from ..settings import Settings
 
 _policy: contextvars.ContextVar[tuple[bool, int | None] | None] = contextvars.ContextVar(
     "celeriac.retry_policy", default=None)

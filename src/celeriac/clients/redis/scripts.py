@@ -21,7 +21,7 @@ class NotReplicated(redis.TimeoutError):
 @functools.cache
 def script_source(name: str) -> str:
     """``lua/<name>.lua`` behind ``lua/common.lua`` (the key layout and shared helpers)."""
-    lua = resources.files("celeriac.redisclient").joinpath("lua")
+    lua = resources.files("celeriac.clients.redis").joinpath("lua")
     return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 

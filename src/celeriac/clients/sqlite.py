@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from .errors import BrokerUnavailable, ConfigurationError, OperationalError
+from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ._net import mask_password
-from .settings import Settings
+from ..clients.net import mask_password
+from . import Settings
 
 HIDDEN_SETTINGS = re.compile(
     "API|TOKEN|KEY|SECRET|PASS|PROFANITIES_LIST|SIGNATURE|DATABASE", re.IGNORECASE,

@@ -31,13 +31,13 @@ from redis.asyncio.cluster import ClusterNode as AsyncNode
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
 from redis.cluster import ClusterNode, RedisCluster
 
-from .._net import backoff, retry_policy
-from ..errors import BrokerUnavailable, ConfigurationError, OperationalError
+from ...errors import BrokerUnavailable, ConfigurationError, OperationalError
+from ..net import backoff, retry_policy
 from .scripts import check_wait, script_sha, script_source
 from .topology import parse
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...settings import Settings
 
 logger = logging.getLogger("celeriac.redis.cluster")
 
