@@ -103,9 +103,10 @@ class TaskError(CeleriacError):
 class TaskFailed(TaskError):
     """A task raised an exception that is not re-created on this side.
 
-    Remote exceptions are re-raised with their own type only when that type is on the
-    allow-list (builtins, celeriac's own, and ``result_exception_allowlist``); any other
-    type arrives as ``TaskFailed`` carrying its name, message and traceback.
+    Remote exceptions are re-raised with their own type when the reader has that type
+    (builtins, celeriac's own, ``result_exception_allowlist``, or a class whose module
+    the reader has imported already); any other type arrives as ``TaskFailed`` carrying
+    its name, message and traceback. Nothing is imported on the word of stored data.
 
     It is also Celery's ``UnpickleableExceptionWrapper`` (the same concept: a remote
     exception not re-created here; ``celeriac.utils.serialization``), with that class's

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -258,8 +259,10 @@ def rebuild_exception(
 ) -> BaseException:
     """Re-create a stored exception if its type is allowed, else a ``TaskFailed``.
 
-    Allowed: builtin exceptions, celeriac's own, and the classes in ``allowlist``. Nothing
-    is ever imported on the say-so of the stored data.
+    Allowed: builtin exceptions, celeriac's own, the classes in ``allowlist``, and any
+    exception class whose module this process has imported already (the task's own
+    types, which Celery re-raises too). Nothing is ever imported on the say-so of the
+    stored data: a type the reader has not imported stays a ``TaskFailed``.
     """
     if not isinstance(data, dict):
         return TaskFailed("Exception", str(data), traceback)
@@ -276,7 +279,8 @@ def rebuild_exception(
         cls = _CELERIAC_EXCEPTIONS.get(exc_type)
     else:
         cls = next((c for c in allowlist
-                    if c.__qualname__ == exc_type and c.__module__ == module), None)
+                    if c.__qualname__ == exc_type and c.__module__ == module), None) \
+            or _imported_class(module, exc_type)
     if cls is not None:
         try:
             exc = cls(*args)
@@ -288,6 +292,19 @@ def rebuild_exception(
     message = " ".join(map(str, args))
     name = exc_type if not module or module == "builtins" else f"{module}.{exc_type}"
     return TaskFailed(name, message, traceback, tuple(args))
+
+
+def _imported_class(module: Any, qualname: str) -> type[BaseException] | None:
+    """The exception class ``module.qualname`` when this process has imported its module
+    already (a task's own exception type, as Celery re-raises it); never imports one."""
+    found: Any = sys.modules.get(module) if isinstance(module, str) else None
+    for part in qualname.split("."):
+        if found is None or part.startswith("<"):  # "<locals>": not reachable by name
+            return None
+        found = getattr(found, part, None)
+    if isinstance(found, type) and issubclass(found, Exception):
+        return found
+    return None
 
 
 class EagerResult(AsyncResult[R]):

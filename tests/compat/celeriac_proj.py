@@ -53,6 +53,12 @@ def noop(i: int | None = None) -> int | None:
     return i
 
 
+@app.task(name="compat.types")
+def types(*args: Any) -> list[Any]:
+    """The type of each argument as this side decoded it, and the arguments back."""
+    return [[type(a).__name__ for a in args], list(args)]
+
+
 @app.task(name="compat.slow_who")
 def slow_who(seconds: float) -> str:
     time.sleep(seconds)  # sleep-ok: the task's own work

@@ -58,6 +58,12 @@ def noop(i=None):
     return i
 
 
+@app.task(name="compat.types")
+def types(*args):
+    """The type of each argument as this side decoded it, and the arguments back."""
+    return [[type(a).__name__ for a in args], list(args)]
+
+
 @app.task(name="compat.slow_who")
 def slow_who(seconds):
     time.sleep(seconds)  # sleep-ok: the task's own work

@@ -7,6 +7,9 @@ which side runs a task, and both consume ``mixed``. Redis database 8 is this mod
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,6 +63,27 @@ def test_celeriac_producer_celery_worker(app: Celeriac, fleet: Any) -> None:
     failed = app.send_task("compat.boom", ["from celery"], queue="to_celery")
     with pytest.raises(ValueError, match="from celery"):
         failed.get(timeout=20)
+
+
+TYPED = (datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC), datetime.date(2026, 1, 2),
+         decimal.Decimal("10.25"), uuid.UUID(int=7), b"raw \xff bytes")
+TYPE_NAMES = ["datetime", "date", "Decimal", "UUID", "bytes"]
+
+
+def test_json_types_travel_with_kombu_s_markers_both_ways(app: Celeriac, fleet: Any) -> None:
+    # To a Celery worker: it decodes each argument as its own type, and its result (the
+    # same values) comes back to us as those types.
+    names, values = app.send_task("compat.types", TYPED, queue="to_celery").get(timeout=20)
+    assert names == TYPE_NAMES and tuple(values) == TYPED
+    # From a Celery producer to our worker: the same, seen from Celery's side.
+    out = celery(fleet, "import datetime, decimal, uuid\n"
+                        "args = (datetime.datetime(2026, 1, 2, 3, 4, 5, "
+                        "tzinfo=datetime.timezone.utc), datetime.date(2026, 1, 2), "
+                        "decimal.Decimal('10.25'), uuid.UUID(int=7), b'raw \\xff bytes')\n"
+                        "names, values = proj.types.apply_async(args, queue='to_celeriac')"
+                        ".get(timeout=20)\n"
+                        "out = [names, tuple(values) == args]")
+    assert out == [TYPE_NAMES, True]
 
 
 def test_results_have_celerys_shape(app: Celeriac, fleet: Any) -> None:

@@ -28,8 +28,22 @@ def test_non_exception_builtins_are_refused() -> None:
 
 def test_allowlisted_user_type() -> None:
     data = exception_to_dict(Mine("m"))
-    assert isinstance(rebuild_exception(data, None), TaskFailed)
     assert isinstance(rebuild_exception(data, None, (Mine,)), Mine)
+
+
+def test_a_user_type_is_re_raised_when_its_module_is_imported_here_else_task_failed() -> None:
+    # Celery re-raises the task's own exception type; so do we, when the reader has
+    # imported its module already (never importing one on the word of stored data).
+    exc = rebuild_exception(exception_to_dict(Mine("m")), "tb")
+    assert type(exc) is Mine and exc.args == ("m",)
+    elsewhere = {"exc_type": "Mine", "exc_module": "not_imported_anywhere.errors",
+                 "exc_message": ["m"]}
+    assert isinstance(rebuild_exception(elsewhere, None), TaskFailed)
+    local = {"exc_type": "f.<locals>.Err", "exc_module": __name__, "exc_message": ["x"]}
+    assert isinstance(rebuild_exception(local, None), TaskFailed)
+    not_an_exception = {"exc_type": "rebuild_exception", "exc_module": __name__,
+                        "exc_message": []}
+    assert isinstance(rebuild_exception(not_an_exception, None), TaskFailed)
 
 
 def test_pending_then_ready(memory_app: Celeriac) -> None:
