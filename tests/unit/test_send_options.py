@@ -144,3 +144,23 @@ def test_a_body_with_an_embed_is_encoded_once(memory_app: Celeriac,
     args, _, embed = orjson.loads(compression.decompress(message.body, kind, 10**6))
     assert args == [1] and embed["callbacks"][0]["task"] == "t"
     assert embed["errbacks"] is None and embed["chain"] is None
+
+
+def test_a_soft_limit_over_the_hard_one_is_refused_at_call_time_as_celery_does() -> None:
+    app = Celeriac("s", broker="memory://soft-over-hard")
+
+    @app.task(soft_time_limit=10, time_limit=5)
+    def wrong() -> None: ...
+
+    @app.task
+    def right() -> None: ...
+
+    with pytest.raises(ValueError, match="soft_time_limit must be less than or equal to "
+                                         "time_limit, got soft_time_limit=10"):
+        wrong.delay()
+    with pytest.raises(ValueError, match="soft_time_limit=3, time_limit=2"):
+        right.apply_async(soft_time_limit=3, time_limit=2)
+    assert app.transport.queue_length("celery") == 0
+    right.apply_async(soft_time_limit=2, time_limit=2)
+    assert app.transport.queue_length("celery") == 1
+    app.close()

@@ -77,6 +77,11 @@ class SendOptions:
         if expires is not None and not isinstance(expires, (int, float, timedelta, datetime)):
             raise TypeError(f"expires must be seconds, a timedelta or a datetime, got "
                             f"{expires!r}")
+        soft, hard = self.soft_time_limit, self.time_limit
+        if soft and hard and soft > hard:
+            # Celery's check: the soft limit is the task's warning before the hard one.
+            raise ValueError(f"soft_time_limit must be less than or equal to time_limit, "
+                             f"got soft_time_limit={soft!r}, time_limit={hard!r}")
         return self
 
     @classmethod
