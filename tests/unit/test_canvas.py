@@ -152,6 +152,19 @@ def test_set_clone_freeze_and_link(app: Celeriac) -> None:
     assert sig.options["link"] == [mul.s(2)] and sig.options["link_error"] == [add.s(0)]
 
 
+def test_on_error_chains_and_args_kwargs_options_can_be_replaced(app: Celeriac) -> None:
+    # Celery's API: on_error returns the signature (link_error returns the errback), and
+    # a signature's args, kwargs and options are assignable.
+    add, mul, _ = tasks(app)
+    sig = add.s(1)
+    assert sig.on_error(mul.s(0)) is sig and sig.options["link_error"] == [mul.s(0)]
+    sig.args = [5, 6]
+    sig.kwargs = {"z": 1}
+    sig.options = {"queue": "q"}
+    assert (sig.args, sig.kwargs, sig.options) == ((5, 6), {"z": 1}, {"queue": "q"})
+    assert sig["args"] == (5, 6) and signature(dict(sig), app=app).args == (5, 6)
+
+
 def test_signature_sends_with_its_options_under_the_calls(app: Celeriac) -> None:
     add, mul, _ = tasks(app)
     app.task(name="t.routed", queue="special", priority=7)(lambda: None)

@@ -87,15 +87,27 @@ class Signature(dict[str, Any]):
     def args(self) -> tuple[Any, ...]:
         return tuple(self["args"])
 
+    @args.setter
+    def args(self, value: Sequence[Any]) -> None:
+        self["args"] = tuple(value)
+
     @property
     def kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = self["kwargs"]
         return kwargs
 
+    @kwargs.setter
+    def kwargs(self, value: Mapping[str, Any]) -> None:
+        self["kwargs"] = dict(value)
+
     @property
     def options(self) -> dict[str, Any]:
         options: dict[str, Any] = self["options"]
         return options
+
+    @options.setter
+    def options(self, value: Mapping[str, Any]) -> None:
+        self["options"] = dict(value)
 
     @property
     def subtask_type(self) -> str | None:
@@ -177,6 +189,12 @@ class Signature(dict[str, Any]):
     def link_error(self, errback: Mapping[str, Any]) -> Signature:
         """Call ``errback`` if this task fails."""
         return self._append_option("link_error", errback)
+
+    def on_error(self, errback: Mapping[str, Any]) -> Self:
+        """``link_error`` that returns this signature, not the errback, so that it
+        chains: ``add.s(2, 2).on_error(log_error.s()).delay()`` sends ``add``."""
+        self.link_error(errback)
+        return self
 
     def _append_option(self, key: str, value: Mapping[str, Any]) -> Signature:
         sig = maybe_signature(value, self._app)
