@@ -19,6 +19,7 @@ import pytest
 
 import celeriac
 from celeriac import (
+    AsyncResult,
     Celeriac,
     GroupResult,
     ResultTimeout,
@@ -531,3 +532,15 @@ def test_result_tuples_round_trip(app: Celeriac) -> None:
     back = [result_from_tuple(t, app) for t in wire]
     assert back[0].id == "c1" and back[0].parent is not None and back[0].parent.id == "p1"
     assert isinstance(back[1], GroupResult) and [r.id for r in back[1]] == ["m1", "m2"]
+
+
+def test_a_chord_s_chained_body_keeps_its_steps_as_parents(app: Celeriac) -> None:
+    # Celery links res.parent of a chord's chain body to the chain's previous step, and
+    # the header's GroupResult above the chain's first step.
+    add, mul, _ = tasks(app)
+    res = chord([add.s(1, 1), add.s(2, 2)], add.s(10) | mul.s(3)).apply_async()
+    assert res.parent is not None and res.parent.parent is not None
+    assert isinstance(res.parent, AsyncResult) and not isinstance(res.parent, GroupResult)
+    assert isinstance(res.parent.parent, GroupResult) and len(res.parent.parent.results) == 2
+    plain_body = chord([add.s(1, 1)], add.s(10)).apply_async()
+    assert isinstance(plain_body.parent, GroupResult)

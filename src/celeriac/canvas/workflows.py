@@ -366,7 +366,7 @@ class chord(Signature):
             items.append(self._unlock(group_id, carried, header_result))
         self.app.publish_prepared(items, chunk_size=GROUP_CHUNK, retry=retry,
                                   retry_policy=policy)
-        body_result.parent = header_result
+        _under(body_result, header_result)
         return body_result
 
     def _unlock(self, group_id: str, body: Mapping[str, Any], header: GroupResult) -> Any:
@@ -391,7 +391,7 @@ class chord(Signature):
         lineage = {"root_id": options.get("root_id"), "parent_id": options.get("parent_id")}
         body_result = self.body.freeze(task_id, **lineage)
         header_result = self.header.freeze(**lineage)
-        body_result.parent = header_result
+        _under(body_result, header_result)
         return body_result
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
@@ -400,7 +400,7 @@ class chord(Signature):
         header = self.header.apply(args, kwargs)
         values = header.get(propagate=True)
         result = self.body.apply((values,))
-        result.parent = header
+        _under(result, header)
         return result
 
     def __call__(self, body: Mapping[str, Any] | None = None, **options: Any) -> Any:
@@ -408,6 +408,16 @@ class chord(Signature):
         if body is not None:
             self.kwargs["body"] = maybe_signature(body, self._app)
         return self.apply_async(**options)
+
+
+def _under(result: AsyncResult[Any], header: GroupResult) -> None:
+    """Hang the header's result above the body's first step: a chained body's result
+    keeps its own steps as parents (Celery's ``res.parent`` of a chord's chain body is
+    that chain's previous step, and the header's ``GroupResult`` above its first)."""
+    first: Any = result
+    while isinstance(first.parent, AsyncResult):
+        first = first.parent
+    first.parent = header
 
 
 Signature.TYPES.update(chain=chain, group=group, chord=chord)
