@@ -3,12 +3,12 @@ order, links and errbacks run, map/starmap/chunks run as one task per chunk."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from celeriac import Celeriac, ChordError, GroupResult, chain, chord, chunks, group
+from celeriac import Celeriac, ChordError, GroupResult, Signature, chain, chord, chunks, group
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import app_tasks as t
 
@@ -86,6 +86,23 @@ def test_a_chord_runs_its_body_once_with_the_header_results_in_order(
     assert (group(t.add.s(i, 1) for i in range(3)) | t.total.s()).apply_async().get(
         timeout=20) == 6
     assert chord([], t.total.s()).apply_async().get(timeout=20) == 0
+
+
+def test_a_generator_header_is_sent_as_it_is_read(app: Celeriac, worker: WorkerProcess
+                                                  ) -> None:
+    # Celery's #3021: a header slow to make starts running before it is all made.
+    seen = []
+
+    def header() -> Iterator[Signature]:
+        first = t.add.s(1, 1)
+        first.freeze()
+        yield first
+        seen.append(app.AsyncResult(first.id).get(timeout=15))  # ran: it was sent at once
+        yield t.add.s(2, 2)
+
+    r = chord(header(), t.total.s()).apply_async()
+    assert r.get(timeout=20) == 6 and seen == [2]
+    assert isinstance(r.parent, GroupResult) and r.parent.get(timeout=5) == [2, 4]
 
 
 def test_a_failed_header_task_fails_the_chord_naming_it_and_the_body_does_not_run(

@@ -544,3 +544,21 @@ def test_a_chord_s_chained_body_keeps_its_steps_as_parents(app: Celeriac) -> Non
     assert isinstance(res.parent.parent, GroupResult) and len(res.parent.parent.results) == 2
     plain_body = chord([add.s(1, 1)], add.s(10)).apply_async()
     assert isinstance(plain_body.parent, GroupResult)
+
+
+def test_a_generator_header_is_published_member_by_member(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    queued = []
+
+    def header() -> Iterator[Signature]:
+        for i in range(3):
+            queued.append(app.transport.queue_length("celery"))
+            yield add.s(i, i)
+
+    res = chord(header(), add.s(0)).apply_async()
+    # Each member was in the queue before the generator made the next (the
+    # celery.chord_unlock that waits for all three is in the broker's delay store).
+    assert queued == [0, 1, 2] and app.transport.queue_length("celery") == 3
+    assert isinstance(res.parent, GroupResult) and len(res.parent.results) == 3
+    unread = chord((add.s(i, i) for i in range(2)), add.s(0))
+    assert len(unread.header.tasks) == 2  # any other use reads it whole

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ..protocol import new_id
 from ..result import AsyncResult, GroupResult
@@ -299,11 +299,36 @@ class chord(Signature):
 
     def __init__(self, header: Iterable[Any], body: Mapping[str, Any] | None = None, *,
                  app: Celeriac | None = None, **options: Any) -> None:
-        members = header if isinstance(header, group) else group(list(header), app=app)
+        # A generator's members are sent as it yields them (Celery's: a header that is
+        # slow to make starts running before it is all made); until the chord is sent,
+        # or used any other way, it is not read.
+        self._stream: Iterator[Any] | None = header if isinstance(header, Iterator) else None
+        members = header if isinstance(header, group) else group(
+            [] if self._stream is not None else list(header), app=app)
         body_sig = maybe_signature(body, app) if body is not None else None
         super().__init__("celery.chord", (), {"header": members, "body": body_sig},
                          options, subtask_type="chord",
                          app=app or members._app or (body_sig._app if body_sig else None))
+
+    def _read_stream(self) -> None:
+        """Any use but sending reads a generator header whole, first."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            self.kwargs["header"] = group(list(stream), app=self._app)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        self._read_stream()
+        return super().__deepcopy__(memo)
+
+    def clone(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+              **options: Any) -> Self:
+        self._read_stream()
+        return super().clone(args, kwargs, **options)
+
+    def _outgoing(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                  options: Mapping[str, Any]) -> tuple[Outgoing, Result]:
+        self._read_stream()
+        return super()._outgoing(args, kwargs, options)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], app: Celeriac | None = None) -> Signature:
@@ -316,6 +341,7 @@ class chord(Signature):
 
     @property
     def header(self) -> group:
+        self._read_stream()
         header: group = self.kwargs["header"]
         return header
 
@@ -341,6 +367,8 @@ class chord(Signature):
             if key in opts:
                 body.options[key] = opts.pop(key)
         body_result = body.freeze(opts.pop("task_id", None))
+        if self._stream is not None:
+            return self._send_streamed(body, body_result, args, kwargs, opts, retry, policy)
         members = list(self.header._flat())
         if not members:
             # Nothing to wait for: the body runs at once with no results (as Celery).
@@ -366,6 +394,36 @@ class chord(Signature):
             items.append(self._unlock(group_id, carried, header_result))
         self.app.publish_prepared(items, chunk_size=GROUP_CHUNK, retry=retry,
                                   retry_policy=policy)
+        _under(body_result, header_result)
+        return body_result
+
+    def _send_streamed(self, body: Signature, body_result: AsyncResult[Any],
+                       args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                       opts: dict[str, Any], retry: Any, policy: Any) -> AsyncResult[Any]:
+        """A generator header: each member sent as it is yielded, then a
+        ``celery.chord_unlock`` that polls the header's results and sends the body (the
+        header's size is known only at its end, after its first members may have run)."""
+        assert self._stream is not None
+        stream, self._stream = self._stream, None
+        group_id = self.header.options.get("task_id") or new_id()
+        results: list[AsyncResult[Any]] = []
+        for yielded in stream:
+            for member in group([yielded], app=self._app)._flat():
+                if isinstance(member, chord):
+                    raise NotImplementedError("a chord in a chord's header is not "
+                                              "supported: make it a chain's last step")
+                item, res = member._outgoing(args, kwargs, {
+                    **opts, "group_id": group_id, "group_index": len(results)})
+                self.app.publish_prepared([item], chunk_size=1, retry=retry,
+                                          retry_policy=policy)
+                results.append(res)  # type: ignore[arg-type]  # a chain's: its last step's
+        if not results:
+            return body.apply_async(([],))
+        header_result = GroupResult(group_id, results, self.app)
+        header_result.save()
+        body["chord_size"] = len(results)
+        self.app.publish_prepared([self._unlock(group_id, plain(body), header_result)],
+                                  chunk_size=1, retry=retry, retry_policy=policy)
         _under(body_result, header_result)
         return body_result
 
