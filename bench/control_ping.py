@@ -21,10 +21,24 @@ from pathlib import Path
 
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import run as bench  # noqa: E402  (bench/run.py: workers, peers, the machine lock)
+import tasks as bench_tasks
+from harness import (
+    CELERIAC_REDIS_DB,
+    CELERIAC_REDIS_URL,
+    HERE,
+    PEERS,
+    PEERS_DIR,
+    BenchError,
+    WorkerProcess,
+    console,
+    flush_redis_db,
+    machine_lock,
+    percentile,
+    require_redis,
+)
+from peer_systems import PeerSystem
 
 WORKERS = (1, 5)
 PINGS = 50
@@ -32,24 +46,20 @@ WARMUP = 5
 TIMEOUT = 2.0
 
 
-def percentile(samples: list[float], pct: int) -> float:
-    return bench.percentile(samples, pct)
-
-
 def celeriac_pings(n: int, pings: int, workdir: Path) -> list[float]:
-    bench.require_redis()
-    bench.flush_redis_db(bench.CELERIAC_REDIS_DB)
-    url = bench.CELERIAC_REDIS_URL
+    require_redis()
+    flush_redis_db(CELERIAC_REDIS_DB)
+    url = CELERIAC_REDIS_URL
     exe = Path(sys.executable).with_name("celeriac")
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "celeriac"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CELERIAC_")}
     env.update(CELERIAC_BROKER_URL=url,
                PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
-    workers = [bench.WorkerProcess([*base, "-A", "tasks", "worker", "--pool", "solo", "-n",
-                                    f"p{i}@bench", "-l", "warning", "--without-mingle"],
-                                   env, workdir, workdir / f"celeriac-ping{i}.log")
+    workers = [WorkerProcess([*base, "-A", "tasks", "worker", "--pool", "solo", "-n",
+                              f"p{i}@bench", "-l", "warning", "--without-mingle"],
+                             env, workdir, workdir / f"celeriac-ping{i}.log")
                for i in range(n)]
-    app, _ = bench.bench_tasks.make_app(url)
+    app, _ = bench_tasks.make_app(url)
     try:
         for w in workers:
             w.start(time.monotonic() + 60)
@@ -68,23 +78,23 @@ def _time(call: object, n: int, pings: int) -> list[float]:
         got = call()
         elapsed = time.perf_counter() - t0
         if got != n:
-            raise bench.BenchError(f"ping: {got} of {n} workers replied within {TIMEOUT}s")
+            raise BenchError(f"ping: {got} of {n} workers replied within {TIMEOUT}s")
         if i >= WARMUP:
             samples.append(elapsed)
     return samples
 
 
 def celery_pings(n: int, pings: int, workdir: Path) -> list[float]:
-    peer = bench.PEERS["celery"]
-    system = bench.PeerSystem(peer)
+    peer = PEERS["celery"]
+    system = PeerSystem(peer)
     system.setup(workdir)
     workers = []
     try:
         argv = [str(system.venv.path / "bin" / "celery"), "-A", "celery_app", "worker",
                 "--pool", "solo", "-l", "warning", "--without-mingle"]
         for i in range(n):
-            w = bench.WorkerProcess([*argv, "-n", f"p{i}@bench"], system.env(),
-                                    bench.PEERS_DIR, workdir / f"celery-ping{i}.log")
+            w = WorkerProcess([*argv, "-n", f"p{i}@bench"], system.env(),
+                              PEERS_DIR, workdir / f"celery-ping{i}.log")
             workers.append(w)
             w.start(time.monotonic() + 60)
         assert system.driver is not None
@@ -109,7 +119,7 @@ def measure(systems: list[str], counts: tuple[int, ...], pings: int, root: Path
             fn = celeriac_pings if name == "celeriac" else celery_pings
             try:
                 out[name, n] = fn(n, pings, workdir)
-            except bench.BenchError as exc:
+            except BenchError as exc:
                 out[name, n] = str(exc)
     return out
 
@@ -138,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     systems = [s.strip() for s in opts.systems.split(",") if s.strip()]
     counts = tuple(int(c) for c in opts.workers.split(","))
     with tempfile.TemporaryDirectory(prefix="celeriac-ping-") as tmp, \
-            bench.machine_lock(600):
+            machine_lock(600):
         results = measure(systems, counts, opts.pings, Path(tmp))
-    bench.console.print(table(results))
+    console.print(table(results))
     return 1 if any(isinstance(v, str) for v in results.values()) else 0
 
 

@@ -1,0 +1,306 @@
+"""The tables and lines printed after the runs: every figure (``report``, ``details``),
+celeriac against its peers and the targets (``ratio_table``), the 10 ms-sleep drains
+(``sleep_table``), the canvas rows' failures, the cost of task events, prefork against
+solo."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+
+import tasks as bench_tasks
+from harness import PEERS, console
+from measuring import Outcome, Run
+from rich.markup import escape
+from rich.table import Table
+
+
+def cell(values: list[float | None], fmt: str) -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "-"
+    mid = format(statistics.median(got), fmt)
+    if len(got) == 1:
+        return mid
+    return f"{mid}\n[dim]{format(min(got), fmt)}-{format(max(got), fmt)}[/]"
+
+
+def ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000
+
+
+def report(outcomes: list[Outcome], opts: argparse.Namespace) -> Table:
+    table = Table(title=f"no-op tasks: N={opts.n:,} per run, median of {opts.runs} run(s) "
+                        "(min-max below)")
+    columns = [("system", "left"), ("enqueue\ndelay()\ntasks/s", "right")]
+    if opts.batch:
+        columns.append(("enqueue\nbulk (best)\ntasks/s", "right"))
+    columns.append(("drain\nrun + results\ntasks/s", "right"))
+    if opts.latency:
+        columns += [("round trip\np50\nms", "right"), ("round trip\np99\nms", "right")]
+    canvas = show_canvas(outcomes, opts)
+    if canvas:
+        columns += [(f"group join\n{opts.canvas_n:,} tasks\nms", "right"),
+                    (f"chord\n{opts.chord_n:,} + body\nms", "right")]
+    columns.append(("worker\nstartup\nms", "right"))
+    columns.append(("worker RSS\nmain / child\nMiB", "right"))
+    for title, justify in columns:
+        table.add_column(title, justify=justify)
+    for o in outcomes:
+        if not o.runs:
+            cols = ["[red]failed[/]"] * (len(columns) - 1)
+        else:
+            cols = [cell([r.enqueue for r in o.runs], ",.0f")]
+            if opts.batch:
+                cols.append(cell([r.best_bulk for r in o.runs], ",.0f"))
+            cols.append(cell([r.drain for r in o.runs], ",.0f"))
+            if opts.latency:
+                cols += [cell([ms(r.p50) for r in o.runs], ".2f"),
+                         cell([ms(r.p99) for r in o.runs], ".2f")]
+            if canvas:
+                cols += [canvas_cell(o, "group"), canvas_cell(o, "chord")]
+            cols.append(cell([r.startup * 1000 for r in o.runs], ",.0f"))
+            parent = o.median(lambda r: r.rss_parent)
+            child = o.median(lambda r: r.rss_child)
+            cols.append("-" if parent is None else
+                        f"{parent:.0f} / {child:.0f}" if child is not None else f"{parent:.0f}")
+        table.add_row(o.system.name + (" [red](incomplete)[/]" if o.error and o.runs else ""),
+                      *cols)
+    return table
+
+
+def show_canvas(outcomes: list[Outcome], opts: argparse.Namespace) -> bool:
+    return bool(opts.canvas and any(o.system.canvas for o in outcomes))
+
+
+def canvas_cell(o: Outcome, row: str) -> str:
+    """The row's median ms (min-max below), and how many runs it failed in, if any."""
+    if not o.system.canvas:
+        return "-"
+    failed = sum(1 for r in o.runs if row in r.canvas_errors)
+    shown = cell([ms(getattr(r, row)) for r in o.runs], ",.0f")
+    if not failed:
+        return shown
+    note = f"[red]failed {failed}/{len(o.runs)}[/]"
+    return note if shown == "-" else f"{shown}\n{note}"
+
+
+def canvas_failures(outcomes: list[Outcome]) -> bool:
+    """Print why each canvas row failed (first run's reason per row); True if any did."""
+    any_failed = False
+    for o in outcomes:
+        for row in ("group", "chord"):
+            reasons = [(i, r.canvas_errors[row]) for i, r in enumerate(o.runs, 1)
+                       if row in r.canvas_errors]
+            if reasons:
+                any_failed = True
+                i, why = reasons[0]
+                console.print(f"[red]{o.system.name}: the {row} row failed in "
+                              f"{len(reasons)} of {len(o.runs)} run(s); run {i}: "
+                              f"{escape(why)}[/]")
+    return any_failed
+
+
+def details(outcomes: list[Outcome], opts: argparse.Namespace) -> None:
+    for o in outcomes:
+        system = o.system
+        versions = getattr(system, "versions", None)
+        pinned = (" (" + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")"
+                  if versions else "")
+        console.print(f"[dim]{system.name}{pinned}: {system.detail}[/]")
+        if opts.batch and o.runs:
+            for method, how in system.bulk_methods.items():
+                rate = o.median(lambda r, m=method: r.bulk.get(m))  # type: ignore[misc]
+                shown = f"{rate:,.0f}/s" if rate else "-"
+                console.print(f"[dim]    bulk {method}: {shown} = "
+                              f"{how.replace('{batch}', str(opts.batch))}[/]")
+
+
+TARGETS: dict[str, tuple[str, float]] = {
+    # metric -> ("ratio", celeriac / Celery at least) or ("ceiling", seconds)
+    "enqueue": ("ratio", 5.0),
+    "bulk_vs_delay": ("ratio", 20.0),
+    "bulk": ("ratio", 20.0),
+    "drain": ("ratio", 10.0),
+    "p50": ("ceiling", 0.001),
+    "group": ("ratio", 10.0),
+    "chord": ("ratio", 10.0),
+}
+REFERENCE = {"enqueue": 1650.0, "drain": 700.0, "p50": 0.0038}
+"""Celery on the development machine when the targets were set (enqueues/s, drained/s,
+p50 seconds): printed beside this run's Celery for scale."""
+
+
+DRAMATIQ_DRAIN_TARGET = 2.0
+"""celeriac's drain over Dramatiq's (2 processes x 8 threads), for both tasks."""
+
+
+SLEEP_TARGETS = {"celery-threads-sleep": 5.0, "dramatiq-sleep": 2.0}
+"""Issue 16: celeriac's async drain of 10 ms tasks over Celery's threads x16 and Dramatiq's
+2 x 8, in the same run."""
+SLEEP_IN_FLIGHT = 200
+"""Async tasks in flight in ``redis-async-sleep`` (2 children x 100)."""
+
+
+def sleep_table(outcomes: list[Outcome]) -> Table | None:
+    """The 10 ms-sleep drains side by side, the targets, and the ceiling: 200 in flight
+    allow 200 / 10 ms = 20,000/s, and the CPU no more than the no-op drain of this run
+    (the same worker doing everything but the wait), whichever is lower."""
+    by_key = {o.system.key: o for o in outcomes if o.runs}
+    rows = [o for k, o in by_key.items() if k.endswith("-sleep")]
+    if not rows:
+        return None
+    mine = by_key.get("redis-async-sleep")
+    mine_drain = mine.median(lambda r: r.drain) if mine else None
+    table = Table(title="10 ms-sleep tasks: drain (medians; N per run as above)")
+    for title in ("system", "drain tasks/s", "async prefork / it", "target", "met?"):
+        table.add_column(title, justify="left" if title == "system" else "right")
+    for o in sorted(rows, key=lambda o: -(o.median(lambda r: r.drain) or 0)):
+        drain = o.median(lambda r: r.drain)
+        ratio = f"{mine_drain / drain:.2f}x" if mine_drain and drain else "-"
+        bound = SLEEP_TARGETS.get(o.system.key)
+        target = f">= {bound:g}x" if bound else ""
+        met = ("" if not bound or not (mine_drain and drain) else
+               "[green]yes[/]" if mine_drain / drain >= bound else "[red]no[/]")
+        table.add_row(o.system.name, cell([r.drain for r in o.runs], ",.0f"), ratio, target,
+                      met)
+    noop = by_key.get("redis")
+    noop_drain = noop.median(lambda r: r.drain) if noop else None
+    if mine_drain:
+        wait_bound = SLEEP_IN_FLIGHT / bench_tasks.SLEEP_SECONDS
+        if noop_drain and noop is not None and mine is not None:
+            ceiling = min(wait_bound, noop_drain)
+            # Run by run too: runs are interleaved, so run i of each saw the same machine.
+            paired = [f"{m.drain / min(wait_bound, n.drain):.0%}"
+                      for m, n in zip(mine.runs, noop.runs, strict=False) if m.drain and n.drain]
+            table.caption = (
+                f"ceiling with {SLEEP_IN_FLIGHT} in flight: min({wait_bound:,.0f}/s the wait "
+                f"allows, {noop_drain:,.0f}/s the CPU allows = this run's no-op drain) = "
+                f"{ceiling:,.0f}/s; the async sleep drain is {mine_drain / ceiling:.0%} of it "
+                f"(run by run against that run's no-op drain: {', '.join(paired)})")
+        else:
+            table.caption = (f"{SLEEP_IN_FLIGHT} in flight allow {wait_bound:,.0f}/s; add "
+                             "--systems redis for the CPU-bound ceiling (the no-op drain)")
+    return table
+
+
+def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | None:
+    by_key = {o.system.key: o for o in outcomes if o.runs}
+    ours = by_key.get("redis") or by_key.get("redis-io")
+    peers = [by_key.get(k) or by_key[f"{k}-io"] for k in PEERS
+             if k in by_key or f"{k}-io" in by_key]
+    if ours is None or not peers:
+        return None
+    # (target key, label, celeriac's metric, the peer's metric, format)
+    Metric = Callable[[Run], float | None]
+    rows: list[tuple[str, str, Metric, Metric, str]] = [
+        ("enqueue", "enqueue delay() tasks/s", lambda r: r.enqueue, lambda r: r.enqueue,
+         ",.0f"),
+        ("bulk_vs_delay", "enqueue: celeriac bulk vs peer delay()", lambda r: r.best_bulk,
+         lambda r: r.enqueue, ",.0f"),
+        ("bulk", "enqueue: bulk vs bulk (best)", lambda r: r.best_bulk,
+         lambda r: r.best_bulk, ",.0f"),
+        ("drain", "drain tasks/s", lambda r: r.drain, lambda r: r.drain, ",.0f"),
+        ("p50", "round trip p50 ms", lambda r: ms(r.p50), lambda r: ms(r.p50), ".2f"),
+        ("p99", "round trip p99 ms", lambda r: ms(r.p99), lambda r: ms(r.p99), ".2f"),
+    ]
+    if show_canvas(outcomes, opts):
+        # As rates (tasks / seconds to the last result), so that the ratio reads as the
+        # other rows' do: higher is better, the target is a multiple of Celery's.
+        def group_rate(r: Run) -> float | None:
+            return opts.canvas_n / r.group if r.group else None
+
+        def chord_rate(r: Run) -> float | None:
+            return opts.chord_n / r.chord if r.chord else None
+
+        rows += [
+            ("group", f"group join {opts.canvas_n:,} tasks/s", group_rate, group_rate, ",.0f"),
+            ("chord", f"chord {opts.chord_n:,} tasks/s", chord_rate, chord_rate, ",.0f"),
+        ]
+    table = Table(title="celeriac on Redis against its peers (medians; ratio = celeriac / "
+                        "peer; for round trips lower is better)")
+    table.add_column("metric")
+    table.add_column("celeriac\nredis", justify="right")
+    for p in peers:
+        label = PEERS[p.system.key.removesuffix("-io")].label
+        table.add_column(label, justify="right")
+        table.add_column(f"celeriac/\n{label}", justify="right")
+    table.add_column("target", justify="right")
+    table.add_column("met?")
+    variants = [("", "")]
+    if "redis-io" in by_key:
+        variants.append(("-io", " (I/O task)"))
+    for suffix, title in variants:
+        mine_o = by_key.get("redis" + suffix)
+        celery = by_key.get("celery" + suffix)
+        for key, label, metric, peer_metric, fmt in rows:
+            if mine_o is None or (suffix and key not in ("enqueue", "drain")):
+                continue
+            mine = mine_o.median(metric)
+            row = [label + title, "-" if mine is None else format(mine, fmt)]
+            dramatiq = None
+            for p in peers:
+                po = by_key.get(PEERS[p.system.key.removesuffix("-io")].key + suffix)
+                theirs = po.median(peer_metric) if po else None
+                if po is not None and po.system.key.startswith("dramatiq"):
+                    dramatiq = theirs
+                row.append("-" if theirs is None else format(theirs, fmt))
+                row.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+            verdict, target = "", ""
+            kind, bound = TARGETS.get(key, ("", 0.0))
+            if kind == "ratio":
+                target = f">= {bound:g}x Celery"
+                theirs = celery.median(peer_metric) if celery else None
+                ok = bool(mine and theirs and mine / theirs >= bound)
+                if key == "drain":
+                    target += f", {DRAMATIQ_DRAIN_TARGET:g}x Dramatiq"
+                    ok = ok and bool(mine and dramatiq and
+                                     mine / dramatiq >= DRAMATIQ_DRAIN_TARGET)
+                if mine and theirs:
+                    verdict = "[green]yes[/]" if ok else "[red]no[/]"
+                elif any(key in r.canvas_errors for o in (mine_o, celery) if o
+                         for r in o.runs):
+                    verdict = "[red]failed[/]"  # the reason is printed under the table
+            elif kind == "ceiling":
+                target = f"< {bound * 1000:g} ms"
+                if mine is not None:
+                    verdict = "[green]yes[/]" if mine / 1000 < bound else "[red]no[/]"
+            table.add_row(*row, target, verdict)
+    return table
+
+
+EVENTS_TARGET = 0.15
+"""Task events on may slow the Redis drain by less than this share."""
+
+
+def events_cost(outcomes: list[Outcome]) -> None:
+    """The drain with task events on (``-E``) beside the drain without, from this run.
+
+    The runs are interleaved, so run i with -E ran next to run i without: the share
+    is the median of those pairs' shares, which drift on a shared machine moves less than
+    it moves the medians of each side."""
+    by_key = {o.system.key: o for o in outcomes if o.runs}
+    off = by_key.get("redis")
+    for key, who in (("redis-events", "nobody listening"),
+                     ("redis-events-watched", "a monitor subscribed")):
+        on = by_key.get(key)
+        if off is None or on is None:
+            continue
+        shares = [1 - b.drain / a.drain for a, b in zip(off.runs, on.runs, strict=False)]
+        slower = statistics.median(shares)
+        verdict = "[green]yes[/]" if slower < EVENTS_TARGET else "[red]no[/]"
+        console.print(f"task events, {who}: drain {on.median(lambda r: r.drain):,.0f}/s with "
+                      f"-E against {off.median(lambda r: r.drain):,.0f}/s without (medians); "
+                      f"run by run {', '.join(f'{x:+.1%}' for x in shares)} slower: median "
+                      f"{slower:+.1%} (target < {EVENTS_TARGET:.0%}: {verdict})")
+
+
+def pool_ratios(outcomes: list[Outcome]) -> None:
+    """Prefork (2 children) drain over solo drain, per local transport, from this run."""
+    drains = {o.system.name: o.median(lambda r: r.drain) for o in outcomes if o.runs}
+    for transport in ("sqlite", "memory"):
+        solo = drains.get(f"celeriac {transport} solo")
+        prefork = drains.get(f"celeriac {transport} prefork x2")
+        if solo and prefork:
+            console.print(f"{transport}: prefork x2 drains {prefork / solo:.2f}x the solo pool")
