@@ -13,10 +13,10 @@ import pytest
 from celeriac import Celeriac
 from celeriac.beat.entries import parse_entry
 from celeriac.beat.service import MAX_WINDOWS, Beat, task_id_for, windows
-from celeriac.stores import store_url
 from celeriac.canvas import Signature
 from celeriac.errors import ConfigurationError
 from celeriac.schedules import crontab, schedule
+from celeriac.stores import store_url
 from celeriac.stores.memory import MemoryStore
 
 T0 = datetime(2024, 3, 1, 12, 0, 0, tzinfo=UTC).timestamp()

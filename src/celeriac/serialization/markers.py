@@ -66,17 +66,17 @@ def with_uuids(obj: Any) -> Any:
 
 
 def _holds_uuid(obj: Any) -> bool:
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            if type(item) not in _PLAIN and _holds_uuid(item):
-                return True
-        return False
     if isinstance(obj, dict):
-        for item in obj.values():
-            if type(item) not in _PLAIN and _holds_uuid(item):
-                return True
-        return False
-    return isinstance(obj, uuid.UUID)
+        items: Any = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    else:
+        return isinstance(obj, uuid.UUID)
+    # A loop, not any() over a generator: this runs for every message sent.
+    for item in items:  # noqa: SIM110
+        if type(item) not in _PLAIN and _holds_uuid(item):
+            return True
+    return False
 
 
 def _marked(obj: Any) -> Any:

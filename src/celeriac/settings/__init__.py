@@ -11,7 +11,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -248,13 +248,26 @@ class Settings:
     Sentinel."""
 
     def __post_init__(self) -> None:
-        # Celery's documented forms (strings of numbers, lists for tuples, timedeltas for
-        # seconds) become the field's type here, wherever the values came from.
+        self._coerce()
+        self._check_formats()
+        self._check_numbers()
+        if self.beat_max_loop_interval == 0:  # Celery's "the scheduler's default"
+            object.__setattr__(self, "beat_max_loop_interval", 5.0)
+        self._check_control()
+        self._check_messages()
+
+    def _coerce(self) -> None:
+        """Celery's documented forms (strings of numbers, lists for tuples, timedeltas
+        for seconds) become the field's type here, wherever the values came from."""
         for name, hint in _HINTS.items():
             value = getattr(self, name)
             coerced = coerce(name, hint, value)
             if coerced is not value:
                 object.__setattr__(self, name, coerced)
+
+    def _check_formats(self) -> None:
+        """The serializers, routing, annotations and default rate limit: their errors
+        now, not at the first send."""
         for name in ("task_serializer", "result_serializer"):
             try:
                 get_serializer(getattr(self, name))
@@ -264,73 +277,27 @@ class Settings:
             accepted_content_types(self.accept_content)
         except ConfigurationError as exc:
             raise ConfigurationError(f"accept_content: {exc}") from None
-        Routing(self)  # its errors now, not at the first send
+        Routing(self)
         if self.task_annotations is not None:
             annotators(self.task_annotations)
-        for name in ("task_default_rate_limit",):
-            _check_rate(name, getattr(self, name))
-        if not 0 <= self.task_default_priority <= 9:
-            raise ConfigurationError(
-                f"task_default_priority must be 0-9, got {self.task_default_priority!r}"
-            )
-        if self.worker_prefetch_multiplier < 1:
-            raise ConfigurationError(
-                "worker_prefetch_multiplier must be >= 1, "
-                f"got {self.worker_prefetch_multiplier!r}"
-            )
-        if self.worker_concurrency is not None and self.worker_concurrency < 1:
-            raise ConfigurationError(
-                f"worker_concurrency must be >= 1, got {self.worker_concurrency!r}"
-            )
-        if not self.result_chord_retry_interval > 0:
-            raise ConfigurationError(
-                f"result_chord_retry_interval must be > 0 seconds, got "
-                f"{self.result_chord_retry_interval!r}")
-        if not 0 <= self.task_redelivery_delay <= 3600:
-            raise ConfigurationError(
-                f"task_redelivery_delay must be 0-3600 seconds, got "
-                f"{self.task_redelivery_delay!r}"
-            )
-        if self.task_max_deliveries < 1:
-            raise ConfigurationError(
-                f"task_max_deliveries must be >= 1, got {self.task_max_deliveries!r}"
-            )
-        if self.worker_child_concurrency < 1:
-            raise ConfigurationError(
-                f"worker_child_concurrency must be >= 1, got {self.worker_child_concurrency!r}")
+        _check_rate("task_default_rate_limit", self.task_default_rate_limit)
+
+    def _check_numbers(self) -> None:
+        for name, wrong, must in _LIMITS:
+            value = getattr(self, name)
+            if wrong(value):
+                raise ConfigurationError(f"{name} must be {must}, got {value!r}")
         if self.worker_loop_lag_threshold <= 0 or self.worker_async_kill_grace < 0:
             raise ConfigurationError(
                 "worker_loop_lag_threshold must be > 0 and worker_async_kill_grace >= 0")
-        if self.worker_lease_timeout <= 0:
-            raise ConfigurationError(
-                f"worker_lease_timeout must be > 0, got {self.worker_lease_timeout!r}"
-            )
-        if self.worker_heartbeat_interval <= 0:
-            raise ConfigurationError(
-                f"worker_heartbeat_interval must be > 0, got {self.worker_heartbeat_interval!r}"
-            )
-        if self.worker_health_interval <= 0:
-            raise ConfigurationError(
-                f"worker_health_interval must be > 0, got {self.worker_health_interval!r}"
-            )
         if self.events_buffer_limit < 1 or self.events_offline_buffer < 1:
             raise ConfigurationError(
                 "events_buffer_limit and events_offline_buffer must be >= 1, got "
                 f"{self.events_buffer_limit!r} and {self.events_offline_buffer!r}"
             )
-        if self.beat_max_loop_interval < 0:
-            raise ConfigurationError(
-                f"beat_max_loop_interval must be >= 0, got {self.beat_max_loop_interval!r}")
-        if self.beat_max_loop_interval == 0:  # Celery's "the scheduler's default"
-            object.__setattr__(self, "beat_max_loop_interval", 5.0)
-        if self.beat_lease_timeout <= 0:
-            raise ConfigurationError(
-                f"beat_lease_timeout must be > 0, got {self.beat_lease_timeout!r}")
-        if self.beat_missed_runs not in ("once", "all", "skip"):
-            raise ConfigurationError(
-                "beat_missed_runs must be 'once', 'all' or 'skip', got "
-                f"{self.beat_missed_runs!r}")
-        self._check_control()
+
+    def _check_messages(self) -> None:
+        """The compressions and the largest message."""
         for name in ("task_compression", "result_compression"):
             value = getattr(self, name)
             if value is not None:
@@ -406,6 +373,34 @@ class Settings:
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
 _HINTS = typing.get_type_hints(Settings)
+
+
+def _under_one(value: Any) -> bool:
+    return bool(value < 1)
+
+
+def _not_positive(value: Any) -> bool:
+    return bool(value <= 0)
+
+
+# Each comparison as the check always made it (NaN passes "< 1", fails "not > 0").
+_LIMITS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    # (setting, what makes its value wrong, what the error says it must be)
+    ("task_default_priority", lambda v: not 0 <= v <= 9, "0-9"),
+    ("worker_prefetch_multiplier", _under_one, ">= 1"),
+    ("worker_concurrency", lambda v: v is not None and v < 1, ">= 1"),
+    ("result_chord_retry_interval", lambda v: not v > 0, "> 0 seconds"),
+    ("task_redelivery_delay", lambda v: not 0 <= v <= 3600, "0-3600 seconds"),
+    ("task_max_deliveries", _under_one, ">= 1"),
+    ("worker_child_concurrency", _under_one, ">= 1"),
+    ("worker_lease_timeout", _not_positive, "> 0"),
+    ("worker_heartbeat_interval", _not_positive, "> 0"),
+    ("worker_health_interval", _not_positive, "> 0"),
+    ("beat_max_loop_interval", lambda v: v < 0, ">= 0"),
+    ("beat_lease_timeout", _not_positive, "> 0"),
+    ("beat_missed_runs", lambda v: v not in ("once", "all", "skip"), "'once', 'all' or 'skip'"),
+)
+"""The settings checked by value alone, after coercion (so of their field's type)."""
 
 
 def _check_rate(name: str, value: Any) -> None:

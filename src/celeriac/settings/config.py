@@ -265,59 +265,102 @@ def coerce(name: str, hint: Any, value: Any) -> Any:
     ``ConfigurationError`` naming the setting for anything else."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for member in (a for a in args if a is not type(None)):
-            try:
-                return coerce(name, member, value)
-            except ConfigurationError as exc:
-                errors.append(str(exc))
-        raise ConfigurationError(errors[0] if len(errors) == 1 else
-                                 f"{name}={value!r}: expected {_describe(hint)}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in (*_TRUE, *_FALSE):
-            return value.strip().lower() in _TRUE
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, timedelta):
-            return value.total_seconds()
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is tuple:
-        item = args[0]
-        if isinstance(value, str) and item is str:
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, (list, tuple, set, frozenset)):
-            if item in (int, float, str):
-                return tuple(coerce(name, item, v) for v in value)
-            return tuple(value)
-    elif origin in (Mapping, dict) or hint is Mapping:
-        if isinstance(value, Mapping):
-            return value
-    elif origin is Callable or hint is Callable:
-        if callable(value):
-            return value
-    else:
+        return _coerce_union(name, hint, args, value)
+    convert = _BY_HINT.get(hint) or _BY_ORIGIN.get(origin)
+    if convert is None:
         return value  # a type this function does not police (validated by its field)
-    raise ConfigurationError(f"{name}={value!r}: expected {_describe(hint)}, got "
-                             f"{type(value).__name__}")
+    coerced = convert(name, args, value)
+    if coerced is _UNFIT:
+        raise ConfigurationError(f"{name}={value!r}: expected {_describe(hint)}, got "
+                                 f"{type(value).__name__}")
+    return coerced
+
+
+def _coerce_union(name: str, hint: Any, args: tuple[Any, ...], value: Any) -> Any:
+    """``value`` as the first member of the union it fits (None for an optional one)."""
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for member in (a for a in args if a is not type(None)):
+        try:
+            return coerce(name, member, value)
+        except ConfigurationError as exc:
+            errors.append(str(exc))
+    raise ConfigurationError(errors[0] if len(errors) == 1 else
+                             f"{name}={value!r}: expected {_describe(hint)}")
+
+
+_UNFIT: Any = object()
+"""What a converter returns for a value it cannot turn into its type."""
+# A converter takes the setting's name, its type's arguments (``tuple[str, ...]``'s
+# ``str``) and the value.
+_Converter = Callable[[str, tuple[Any, ...], Any], Any]
+
+
+def _to_bool(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in (*_TRUE, *_FALSE):
+        return value.strip().lower() in _TRUE
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return _UNFIT
+
+
+def _to_int(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return _UNFIT
+
+
+def _to_float(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return _UNFIT
+
+
+def _to_str(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    return value if isinstance(value, str) else _UNFIT
+
+
+def _to_tuple(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    item = args[0]
+    if isinstance(value, str) and item is str:
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if item in (int, float, str):
+            return tuple(coerce(name, item, v) for v in value)
+        return tuple(value)
+    return _UNFIT
+
+
+def _to_mapping(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    return value if isinstance(value, Mapping) else _UNFIT
+
+
+def _to_callable(name: str, args: tuple[Any, ...], value: Any) -> Any:
+    return value if callable(value) else _UNFIT
+
+
+# The converter of a setting's type: by the type itself, else by its generic's origin
+# (``tuple[str, ...]``: ``tuple``). Other types, bare ``tuple`` and ``dict`` among them,
+# are not policed.
+_BY_HINT: dict[Any, _Converter] = {
+    bool: _to_bool, int: _to_int, float: _to_float, str: _to_str,
+    Mapping: _to_mapping, Callable: _to_callable,
+}
+_BY_ORIGIN: dict[Any, _Converter] = {
+    tuple: _to_tuple, Mapping: _to_mapping, dict: _to_mapping, Callable: _to_callable,
+}
 
 
 def _describe(hint: Any) -> str:

@@ -27,7 +27,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import (
+    SplitResult,
+    parse_qsl,
+    quote,
+    unquote,
+    urlencode,
+    urlsplit,
+    urlunsplit,
+)
 
 import redis.asyncio.sentinel as asentinel
 import redis.connection
@@ -134,55 +142,94 @@ def parse(urls: Sequence[str], options: Mapping[str, Any], role: str
     for p in parts:
         query.update(parse_qsl(p.query, keep_blank_values=True))
     where = f"the {role} URL {mask_password(';'.join(pieces))!r}"
+    # The whole setting's namespace and durability, checked whatever the form (a
+    # failover list's servers then each take their own namespace).
     namespace = _namespace(query, options, where)
     replicas = _option("replicas_ack", query, options)
     timeout = _option("replicas_ack_timeout", query, options)
     durability = Durability(_int("replicas_ack", replicas or 0, where),
                             _int("replicas_ack_timeout", timeout or 1000, where))
-    rest = urlencode([(k, v) for k, v in query.items() if k not in _OURS])
-    path = next((p.path for p in parts if p.path not in ("", "/")), "")
+    if first.scheme in SENTINEL_SCHEMES:
+        whole = _whole(pieces, parts, query, options, namespace, where)
+        return [_behind_sentinels(whole, options, role)], durability
+    if first.scheme in CLUSTER_SCHEMES:
+        return [_cluster(_whole(pieces, parts, query, options, namespace, where))], durability
+    return [_server(piece, p, options) for piece, p in zip(pieces, parts, strict=True)
+            ], durability
+
+
+@dataclass(frozen=True, slots=True)
+class _Whole:
+    """One endpoint made of every piece of a setting: the sentinels of one master, or
+    a cluster's startup nodes."""
+
+    parts: list[SplitResult]
+    query: dict[str, str]
+    """The parameters of all the pieces (a later piece's win)."""
+    where: str
+    namespace: str
+    rest: str
+    """The query for redis-py: without our parameters."""
+    path: str
+    """The first piece's path that names a database, else ``""``."""
+    with_auth: SplitResult
+    """The first piece with a user or a password, else the first."""
+    secrets: tuple[str, ...]
+    safe: str
+
+
+def _whole(pieces: list[str], parts: list[SplitResult], query: dict[str, str],
+           options: Mapping[str, Any], namespace: str, where: str) -> _Whole:
     with_auth = next((p for p in parts if p.password is not None or p.username), parts[0])
     secrets = tuple({t for s in (with_auth.password, query.get("password"),
                                  _option("sentinel_password", query, options))
                      if s for t in (s, unquote(s))})
-    safe = mask_password(";".join(pieces))
+    return _Whole(
+        parts=parts, query=query, where=where, namespace=namespace,
+        rest=urlencode([(k, v) for k, v in query.items() if k not in _OURS]),
+        path=next((p.path for p in parts if p.path not in ("", "/")), ""),
+        with_auth=with_auth, secrets=secrets, safe=mask_password(";".join(pieces)))
 
-    if first.scheme in SENTINEL_SCHEMES:
-        master = query.get("master") or query.get("master_name") or options.get("master_name")
-        if not master:
-            raise ConfigurationError(
-                f"{where} names no master: add ?master=<name> to it, or set "
-                f"{'result_backend' if 'result' in role else 'broker'}_transport_options="
-                f"{{'master_name': <name>}}")
-        kwargs = options.get("sentinel_kwargs") or {}
-        password = (_option("sentinel_password", query, options)
-                    or (kwargs.get("password") if isinstance(kwargs, Mapping) else None))
-        hosts = tuple((p.hostname or "localhost", p.port or 26379) for p in parts)
-        netloc = _userinfo(with_auth) + "_"
-        url = urlunsplit(("redis", netloc, path or "/0", rest, ""))
-        return [Endpoint(url, safe, namespace, secrets,
-                         sentinels=Sentinels(hosts, str(master), password),
-                         db=_db(url, where))], durability
 
-    if first.scheme in CLUSTER_SCHEMES:
-        if path not in ("", "/", "/0"):
-            raise ConfigurationError(f"a Redis Cluster has database 0 only ({where})")
-        nodes = tuple((p.hostname or "localhost", p.port or 6379) for p in parts)
-        url = urlunsplit(("redis", _userinfo(with_auth) + f"{nodes[0][0]}:{nodes[0][1]}",
-                          "/0", rest, ""))
-        return [Endpoint(url, safe, namespace, secrets, cluster=nodes)], durability
+def _behind_sentinels(whole: _Whole, options: Mapping[str, Any], role: str) -> Endpoint:
+    """The master the sentinels name: its URL has ``_`` for a host until asked."""
+    query = whole.query
+    master = query.get("master") or query.get("master_name") or options.get("master_name")
+    if not master:
+        raise ConfigurationError(
+            f"{whole.where} names no master: add ?master=<name> to it, or set "
+            f"{'result_backend' if 'result' in role else 'broker'}_transport_options="
+            f"{{'master_name': <name>}}")
+    kwargs = options.get("sentinel_kwargs") or {}
+    password = (_option("sentinel_password", query, options)
+                or (kwargs.get("password") if isinstance(kwargs, Mapping) else None))
+    hosts = tuple((p.hostname or "localhost", p.port or 26379) for p in whole.parts)
+    netloc = _userinfo(whole.with_auth) + "_"
+    url = urlunsplit(("redis", netloc, whole.path or "/0", whole.rest, ""))
+    return Endpoint(url, whole.safe, whole.namespace, whole.secrets,
+                    sentinels=Sentinels(hosts, str(master), password),
+                    db=_db(url, whole.where))
 
-    endpoints = []
-    for piece, p in zip(pieces, parts, strict=True):
-        own = dict(parse_qsl(p.query, keep_blank_values=True))
-        ns = _namespace(own, options, repr(mask_password(piece)))
-        kept = urlencode([(k, v) for k, v in own.items() if k not in _OURS])
-        own_secrets = tuple({t for s in (p.password, own.get("password")) if s
-                             for t in (s, unquote(s))})
-        plain, safe_piece = _unsplit(p._replace(query=kept)), mask_password(piece)
-        endpoints.append(Endpoint(plain, safe_piece, ns, own_secrets,
-                                  db=_db(plain, repr(safe_piece))))
-    return endpoints, durability
+
+def _cluster(whole: _Whole) -> Endpoint:
+    """A Redis Cluster, reached through any of its nodes (database 0 only)."""
+    if whole.path not in ("", "/", "/0"):
+        raise ConfigurationError(f"a Redis Cluster has database 0 only ({whole.where})")
+    nodes = tuple((p.hostname or "localhost", p.port or 6379) for p in whole.parts)
+    url = urlunsplit(("redis", _userinfo(whole.with_auth) + f"{nodes[0][0]}:{nodes[0][1]}",
+                      "/0", whole.rest, ""))
+    return Endpoint(url, whole.safe, whole.namespace, whole.secrets, cluster=nodes)
+
+
+def _server(piece: str, p: SplitResult, options: Mapping[str, Any]) -> Endpoint:
+    """One server of a failover list (or the only one), with its own parameters."""
+    own = dict(parse_qsl(p.query, keep_blank_values=True))
+    ns = _namespace(own, options, repr(mask_password(piece)))
+    kept = urlencode([(k, v) for k, v in own.items() if k not in _OURS])
+    own_secrets = tuple({t for s in (p.password, own.get("password")) if s
+                         for t in (s, unquote(s))})
+    plain, safe_piece = _unsplit(p._replace(query=kept)), mask_password(piece)
+    return Endpoint(plain, safe_piece, ns, own_secrets, db=_db(plain, repr(safe_piece)))
 
 
 def _unsplit(parts: Any) -> str:
