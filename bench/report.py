@@ -185,16 +185,13 @@ def sleep_table(outcomes: list[Outcome]) -> Table | None:
     return table
 
 
-def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | None:
-    by_key = {o.system.key: o for o in outcomes if o.runs}
-    ours = by_key.get("redis") or by_key.get("redis-io")
-    peers = [by_key.get(k) or by_key[f"{k}-io"] for k in PEERS
-             if k in by_key or f"{k}-io" in by_key]
-    if ours is None or not peers:
-        return None
-    # (target key, label, celeriac's metric, the peer's metric, format)
-    Metric = Callable[[Run], float | None]
-    rows: list[tuple[str, str, Metric, Metric, str]] = [
+Metric = Callable[[Run], float | None]
+RatioRow = tuple[str, str, Metric, Metric, str]
+"""(target key, label, celeriac's metric, the peer's metric, format)"""
+
+
+def ratio_rows(outcomes: list[Outcome], opts: argparse.Namespace) -> list[RatioRow]:
+    rows: list[RatioRow] = [
         ("enqueue", "enqueue delay() tasks/s", lambda r: r.enqueue, lambda r: r.enqueue,
          ",.0f"),
         ("bulk_vs_delay", "enqueue: celeriac bulk vs peer delay()", lambda r: r.best_bulk,
@@ -218,6 +215,17 @@ def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | No
             ("group", f"group join {opts.canvas_n:,} tasks/s", group_rate, group_rate, ",.0f"),
             ("chord", f"chord {opts.chord_n:,} tasks/s", chord_rate, chord_rate, ",.0f"),
         ]
+    return rows
+
+
+def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | None:
+    by_key = {o.system.key: o for o in outcomes if o.runs}
+    ours = by_key.get("redis") or by_key.get("redis-io")
+    peers = [by_key.get(k) or by_key[f"{k}-io"] for k in PEERS
+             if k in by_key or f"{k}-io" in by_key]
+    if ours is None or not peers:
+        return None
+    rows = ratio_rows(outcomes, opts)
     table = Table(title="celeriac on Redis against its peers (medians; ratio = celeriac / "
                         "peer; for round trips lower is better)")
     table.add_column("metric")
@@ -233,41 +241,53 @@ def ratio_table(outcomes: list[Outcome], opts: argparse.Namespace) -> Table | No
         variants.append(("-io", " (I/O task)"))
     for suffix, title in variants:
         mine_o = by_key.get("redis" + suffix)
-        celery = by_key.get("celery" + suffix)
-        for key, label, metric, peer_metric, fmt in rows:
-            if mine_o is None or (suffix and key not in ("enqueue", "drain")):
+        if mine_o is None:
+            continue
+        for row in rows:
+            if suffix and row[0] not in ("enqueue", "drain"):
                 continue
-            mine = mine_o.median(metric)
-            row = [label + title, "-" if mine is None else format(mine, fmt)]
-            dramatiq = None
-            for p in peers:
-                po = by_key.get(PEERS[p.system.key.removesuffix("-io")].key + suffix)
-                theirs = po.median(peer_metric) if po else None
-                if po is not None and po.system.key.startswith("dramatiq"):
-                    dramatiq = theirs
-                row.append("-" if theirs is None else format(theirs, fmt))
-                row.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
-            verdict, target = "", ""
-            kind, bound = TARGETS.get(key, ("", 0.0))
-            if kind == "ratio":
-                target = f">= {bound:g}x Celery"
-                theirs = celery.median(peer_metric) if celery else None
-                ok = bool(mine and theirs and mine / theirs >= bound)
-                if key == "drain":
-                    target += f", {DRAMATIQ_DRAIN_TARGET:g}x Dramatiq"
-                    ok = ok and bool(mine and dramatiq and
-                                     mine / dramatiq >= DRAMATIQ_DRAIN_TARGET)
-                if mine and theirs:
-                    verdict = "[green]yes[/]" if ok else "[red]no[/]"
-                elif any(key in r.canvas_errors for o in (mine_o, celery) if o
-                         for r in o.runs):
-                    verdict = "[red]failed[/]"  # the reason is printed under the table
-            elif kind == "ceiling":
-                target = f"< {bound * 1000:g} ms"
-                if mine is not None:
-                    verdict = "[green]yes[/]" if mine / 1000 < bound else "[red]no[/]"
-            table.add_row(*row, target, verdict)
+            table.add_row(*ratio_row(row, title, suffix, mine_o, peers, by_key))
     return table
+
+
+def ratio_row(row: RatioRow, title: str, suffix: str, mine_o: Outcome, peers: list[Outcome],
+              by_key: dict[str, Outcome]) -> list[str]:
+    """One metric's cells: celeriac's, each peer's and the ratio, the target, met?"""
+    key, label, metric, peer_metric, fmt = row
+    mine = mine_o.median(metric)
+    cells = [label + title, "-" if mine is None else format(mine, fmt)]
+    dramatiq = None
+    for p in peers:
+        po = by_key.get(PEERS[p.system.key.removesuffix("-io")].key + suffix)
+        theirs = po.median(peer_metric) if po else None
+        if po is not None and po.system.key.startswith("dramatiq"):
+            dramatiq = theirs
+        cells.append("-" if theirs is None else format(theirs, fmt))
+        cells.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+    celery = by_key.get("celery" + suffix)
+    return [*cells, *verdict(key, mine, celery, peer_metric, dramatiq, mine_o)]
+
+
+def verdict(key: str, mine: float | None, celery: Outcome | None, peer_metric: Metric,
+            dramatiq: float | None, mine_o: Outcome) -> tuple[str, str]:
+    """(target, met?) for one metric, from TARGETS."""
+    kind, bound = TARGETS.get(key, ("", 0.0))
+    if kind == "ceiling":
+        met = "" if mine is None else "[green]yes[/]" if mine / 1000 < bound else "[red]no[/]"
+        return f"< {bound * 1000:g} ms", met
+    if kind != "ratio":
+        return "", ""
+    target = f">= {bound:g}x Celery"
+    theirs = celery.median(peer_metric) if celery else None
+    ok = bool(mine and theirs and mine / theirs >= bound)
+    if key == "drain":
+        target += f", {DRAMATIQ_DRAIN_TARGET:g}x Dramatiq"
+        ok = ok and bool(mine and dramatiq and mine / dramatiq >= DRAMATIQ_DRAIN_TARGET)
+    if mine and theirs:
+        return target, "[green]yes[/]" if ok else "[red]no[/]"
+    if any(key in r.canvas_errors for o in (mine_o, celery) if o for r in o.runs):
+        return target, "[red]failed[/]"  # the reason is printed under the table
+    return target, ""
 
 
 EVENTS_TARGET = 0.15
