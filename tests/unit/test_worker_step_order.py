@@ -11,7 +11,7 @@ import pytest
 from celeriac.worker import STARTS_AFTER, _steps
 from celeriac.worker.autoscale import Autoscaler
 from celeriac.worker.blueprint import Step, order
-from celeriac.worker.control import Control
+from celeriac.worker.control import ControlStep
 from celeriac.worker.gossip import Gossip
 from celeriac.worker.health import HealthFile
 from celeriac.worker.heart import EventsStep, Heart
@@ -20,7 +20,7 @@ from celeriac.worker.revoked import StateDB
 from celeriac.worker.steps import ConsumerStep, PoolStep, ResultsCleanup, TimerStep
 
 # The order the worker started its steps in when it listed them by hand.
-FULL = [TimerStep, HealthFile, EventsStep, Heart, StateDB, Mingle, Control, PoolStep,
+FULL = [TimerStep, HealthFile, EventsStep, Heart, StateDB, Mingle, ControlStep, PoolStep,
         ConsumerStep, ResultsCleanup, Autoscaler, Gossip]
 
 

@@ -23,7 +23,7 @@ works, and what we do:
   BRPOPs; celeriac does the same lookup and LPUSH in one script.
 
 The reply shapes are Celery's already (``inspect_commands.py``), so nothing else
-changes: ``control/__init__.py`` and the worker's ``Control`` step use their transport's
+changes: ``control/__init__.py`` and the worker's ``ControlStep`` use their transport's
 broadcast channels, and a kombu-layout transport routes those channels here
 (``channels.py``).
 """

@@ -1,6 +1,6 @@
 """Control commands: what an operator changes in running workers. Replies are Celery's
 ``{"ok": ...}`` / ``{"error": ...}``; a ``ControlError`` raised here becomes the error
-reply (the worker's ``Control`` step), naming the argument at fault."""
+reply (the worker's ``ControlStep``), naming the argument at fault."""
 
 from __future__ import annotations
 
@@ -192,6 +192,6 @@ def heartbeat(state: ControlState) -> Reply:
 @control_command(args=[("msg", str)], help="Warm shutdown of the worker.")
 def shutdown(state: ControlState, msg: str = "Got shutdown from remote") -> Reply:
     logger.warning("%s", msg)
-    # After this reply is queued: the Control step sends it before it stops.
+    # After this reply is queued: the ControlStep sends it before it stops.
     asyncio.get_running_loop().call_soon(state.worker.shutdown, False)
     return ok("shutting down")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
-from .control import Control
+from .control import ControlStep
 from .gossip import Gossip
 from .health import HealthFile
 from .heart import EventsStep, Heart
@@ -202,13 +202,13 @@ STARTS_AFTER: dict[type[Step], tuple[type[Step], ...]] = {
     # a warm stop waiting for tasks is alive.
     EventsStep: (HealthFile,),
     StateDB: (HealthFile,),
-    # Mingle asks the peers before this worker's own Control subscribes (it asks peers
+    # Mingle asks the peers before this worker's own ControlStep subscribes (it asks peers
     # only).
-    Control: (Mingle,),
+    ControlStep: (Mingle,),
     # The dispatcher is up before the consumer sends task events and, stopping in
-    # reverse, Heart sends worker-offline after the pool is done; Control answers until
+    # reverse, Heart sends worker-offline after the pool is done; ControlStep answers until
     # the pool and the consumer are stopped.
-    PoolStep: (Heart, Control),
+    PoolStep: (Heart, ControlStep),
     # The revoked set is loaded before any message is taken.
     ConsumerStep: (StateDB,),
     # Gossip starts last and stops first, so a stopping leader resigns at once.
@@ -226,7 +226,7 @@ def _steps(app: Celeriac, given: Sequence[type[Step]] | None, *, mingle: bool,
         steps = list(given)
     else:
         optional = {Mingle: mingle, Autoscaler: autoscale, Gossip: gossip}
-        steps = [*DEFAULT_STEPS, HealthFile, EventsStep, Heart, StateDB, Control,
+        steps = [*DEFAULT_STEPS, HealthFile, EventsStep, Heart, StateDB, ControlStep,
                  *(step for step, wanted in optional.items() if wanted)]
     if beat:
         # Asked of the app: beat sits above the worker (its step is made of the worker's

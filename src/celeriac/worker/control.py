@@ -1,4 +1,5 @@
-"""The worker's ``Control`` step (Celery's name): it answers remote-control commands.
+"""The worker's ``ControlStep`` (Celery's ``Control`` bootstep; ``app.control`` is the
+caller's side): it answers remote-control commands.
 
 It subscribes to ``celeriac.control`` on a transport of its own and handles each command
 on the worker's event loop as it arrives: the commands read and change the worker's
@@ -62,7 +63,7 @@ BACKOFF_MAX = 2.0
 class ControlState:
     """What a command handler sees: the worker and the parts it may read or change."""
 
-    def __init__(self, step: Control) -> None:
+    def __init__(self, step: ControlStep) -> None:
         w = step.worker
         self.step = step
         self.worker = w
@@ -141,7 +142,7 @@ class ControlState:
         return ok(f"terminate: {', '.join(killed)}" if killed else "terminate: tasks unknown")
 
 
-class Control(Step):
+class ControlStep(Step):
     requires = (StateDB,)
 
     async def start(self) -> None:

@@ -5,7 +5,7 @@ It waits at most ``worker_mingle_timeout`` seconds (1 s), and less where the bro
 say how many peers there are (``listeners``): it stops at that many replies, and does
 not wait at all when there are none. A peer starting in the same moment may not be
 counted yet; what it knows of revokes is in the shared store anyway. It runs before
-this worker's own ``Control`` step subscribes, so it never counts or hears itself.
+this worker's own ``ControlStep`` subscribes, so it never counts or hears itself.
 ``--without-mingle`` leaves it out.
 """
 
