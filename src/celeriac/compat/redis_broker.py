@@ -69,7 +69,7 @@ _RESTORE_BATCH = 100
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class KombuHeld:
     """A fetched message's delivery tag: kombu's tag, its list, and the envelope."""
 
     tag: str
@@ -123,7 +123,7 @@ class KombuRedisTransport(RedisTransport):
                               read_timeout=settings.broker_connection_timeout)
         self._pubsub_denied = False
         self._bound: set[str] = set()
-        self._holding: dict[str, Held] = {}
+        self._holding: dict[str, KombuHeld] = {}
         self._poll = _POLL_MIN
         self.channels = CeleryChannels(RedisExchanges(self.conn, database(plain[0]),
                                                       self.keys))
@@ -218,7 +218,7 @@ class KombuRedisTransport(RedisTransport):
         for i in range(0, len(reply), 3):
             key, raw, tag = reply[i].decode(), bytes(reply[i + 1]), reply[i + 2].decode()
             message, env = kw.parse(raw)
-            held = Held(tag, key, raw)
+            held = KombuHeld(tag, key, raw)
             self._holding[tag] = held
             out.append(Delivery(message, self.keys.queue_of(key), held,
                                 kw.delivery_count(env)))
@@ -247,7 +247,7 @@ class KombuRedisTransport(RedisTransport):
         # Each goes back to the popping end of its list: the last first, so that they
         # come out again in the order they went in.
         for d in reversed(deliveries):
-            held: Held = d.tag
+            held: KombuHeld = d.tag
             groups += [held.tag, "", held.key, kw.redelivered(held.raw, counted=redelivered),
                        max(round(delay * 1000), 0)]
         if groups:
@@ -262,7 +262,7 @@ class KombuRedisTransport(RedisTransport):
                 self._holding.pop(tag, None)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        held: Held = delivery.tag
+        held: KombuHeld = delivery.tag
         record = orjson.dumps({"queue": delivery.queue, "reason": reason,
                                "count": delivery.delivery_count, "at": time.time(),
                                "raw": held.raw.decode("utf-8", "replace")})

@@ -41,7 +41,7 @@ Callback = Callable[[Reply], None]
 DEFAULT_TIMEOUT = 1.0
 
 
-class _LoopThread:
+class _CallerLoop:
     """An event loop in a daemon thread; ``run`` hands it a coroutine and waits."""
 
     def __init__(self, name: str) -> None:
@@ -70,7 +70,7 @@ class Control:
     def __init__(self, app: Celeriac) -> None:
         self.app = app
         self._lock = threading.Lock()
-        self._runner: _LoopThread | None = None
+        self._runner: _CallerLoop | None = None
         self._transport: Transport | None = None
         self._store: tuple[int, SharedStore | None] | None = None
 
@@ -79,7 +79,7 @@ class Control:
         with self._lock:
             if self._runner is None or self._runner.pid != os.getpid():
                 # A forked child never uses its parent's thread or sockets.
-                self._runner, self._transport = _LoopThread("celeriac-control"), None
+                self._runner, self._transport = _CallerLoop("celeriac-control"), None
             runner = self._runner
         return runner.run(coro)
 

@@ -159,7 +159,7 @@ def same_origin(origin: str, host: str) -> bool:
 
 
 def user_of(request: Request) -> str | None:
-    """The basic-auth user the Guard let in, if any."""
+    """The basic-auth user the SecurityMiddleware let in, if any."""
     user = request.scope.get("celeriac.user")
     return user if isinstance(user, str) else None
 

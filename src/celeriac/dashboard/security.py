@@ -52,7 +52,7 @@ def host_of(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-class Guard:
+class SecurityMiddleware:
     """ASGI middleware: Host check, basic auth, security headers."""
 
     def __init__(self, app: Any, *, auth: tuple[str, str] | None = None,

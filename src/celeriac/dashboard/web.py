@@ -49,7 +49,7 @@ from ..events import ClusterState
 from .actions import Actions
 from .metrics import registry_for
 from .monitor import Monitor, task_summary, task_view
-from .security import Guard
+from .security import SecurityMiddleware
 from .stream import EventStream, encode
 
 if TYPE_CHECKING:
@@ -251,7 +251,8 @@ def create_app(app: Celeriac, *, state: ClusterState | None = None,
         *actions.routes(),
     ]
     web = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(Guard, auth=auth, allowed_hosts=allowed_hosts)])
+                    middleware=[Middleware(SecurityMiddleware, auth=auth,
+                                           allowed_hosts=allowed_hosts)])
     web.state.monitor = monitor
     web.state.actions = actions
     return web
