@@ -29,7 +29,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples scripts
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
 

@@ -30,8 +30,9 @@ REQUIREMENTS = ("celery[redis,sqlalchemy]>=5.3,<6", "flower", "psycopg[binary]")
 
 
 def _venv() -> Any:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/run.py imports its siblings
-    from bench.run import Peer, PeerVenv
+    sys.path.insert(0, str(ROOT / "bench"))  # bench's modules import their siblings
+    from harness import Peer
+    from peer_systems import PeerVenv
 
     peer = Peer(key="celery-compat", label="Celery", name="celery compat",
                 requirements=REQUIREMENTS, driver="", worker=(), redis_db=0,
