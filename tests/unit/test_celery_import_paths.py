@@ -20,7 +20,6 @@ import pytest
 
 from celeriac import Celeriac, Task, errors, states
 from celeriac.backends.base import BaseKeyValueStoreBackend, ResultBackend, create_backend
-from celeriac.cli import nodenames as cli_nodenames
 from celeriac.result import AsyncResult, GroupResult, ResultSet
 from celeriac.settings import Settings
 from celeriac.testing import ThreadedWorker, wait_until
@@ -159,8 +158,10 @@ def test_task_logger_records_carry_the_running_tasks_id_and_name(app: Celeriac) 
 def test_nodenames_are_the_command_lines_and_anon_nodename_is_celerys() -> None:
     from celeriac.utils import nodenames
 
-    for name in ("gethostname", "nodename", "nodesplit", "default_nodename", "host_format"):
-        assert getattr(nodenames, name) is getattr(cli_nodenames, name)
+    # The command line's -n/--logfile/--pidfile expansion is this module's.
+    cli_worker = importlib.import_module("celeriac.cli.worker")
+    for name in ("node_format", "worker_hostname"):
+        assert getattr(nodenames, name) is getattr(cli_worker, name)
     assert nodenames.anon_nodename() == f"gen{os.getpid()}@{socket.gethostname()}"
     assert nodenames.anon_nodename("box", prefix="w") == f"w{os.getpid()}@box"
     assert nodenames.nodesplit(nodenames.anon_nodename("box")) == (f"gen{os.getpid()}", "box")

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 import pytest
 
-from celeriac.cli import nodenames as nn
 from celeriac.cli.pidfile import Pidfile, alive, read_pid
+from celeriac.utils import nodenames as nn
 
 
 @pytest.fixture(autouse=True)

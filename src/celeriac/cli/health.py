@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 
 from ..settings import Settings
+from ..utils.nodenames import node_format, worker_hostname
 from .loader import AppLoader
-from .nodenames import node_format, worker_hostname
 from .pidfile import alive, read_pid
 
 MISSED_TICKS = 3

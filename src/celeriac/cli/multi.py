@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import click
 
-from .nodenames import NODENAME_DEFAULT, node_format, worker_hostname
+from ..utils.nodenames import NODENAME_DEFAULT, node_format, worker_hostname
 from .pidfile import alive, read_pid
 from .worker import worker
 

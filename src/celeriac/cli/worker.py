@@ -10,10 +10,10 @@ import click
 
 from .. import signals
 from ..errors import ConfigurationError
+from ..utils.nodenames import node_format, worker_hostname
 from ..worker import Worker
 from ..worker.pool import POOLS
 from .loader import AppLoader
-from .nodenames import node_format, worker_hostname
 from .pidfile import Pidfile
 
 if TYPE_CHECKING:
