@@ -3,7 +3,7 @@
 - raw: a parent and a forked child exchange one small frame over a pair of pipes with
   blocking reads and writes; the time per round trip is the floor any pool pays.
 - pool: a ``PreforkPool`` with one child on an event loop runs no-op jobs one after
-  another (submit -> child decodes and runs the task -> DONE frame -> ``on_done``). The
+  another (submit -> child decodes and runs the task -> DONE frame -> ``on_job_done``). The
   task ignores its result, so no backend is involved: what remains is dispatch, framing,
   the child's decode and execute, and the loop's wake-ups. The loop is the one the
   worker runs on: uvloop when it is installed (``Worker.run``), else asyncio's.
@@ -26,6 +26,7 @@ import orjson
 from celeriac import Celeriac
 from celeriac.protocol import task_headers
 from celeriac.worker.execute import Job, Outcome
+from celeriac.worker.pool.base import NullClient
 from celeriac.worker.pool.prefork import PreforkPool
 
 
@@ -79,17 +80,18 @@ def pool_round_trip(n: int) -> float:
         total = 200 + n
         started = 0.0
 
-        def on_done(job: Job, outcome: Outcome) -> None:
-            nonlocal count, started
-            count += 1
-            if count == 200:
-                started = time.perf_counter()
-            if count == total:
-                finished.set_result(None)
-            else:
-                pool.submit(Job(count, headers, body, "application/json", "q", 1, "bench"))
+        class Client(NullClient):
+            def on_job_done(self, job: Job, outcome: Outcome) -> None:
+                nonlocal count, started
+                count += 1
+                if count == 200:
+                    started = time.perf_counter()
+                if count == total:
+                    finished.set_result(None)
+                else:
+                    pool.submit(Job(count, headers, body, "application/json", "q", 1, "bench"))
 
-        pool = PreforkPool(app, 1, on_done)
+        pool = PreforkPool(app, 1, client=Client())
         await pool.start()
         while pool.free_slots() == 0:
             await asyncio.sleep(0.005)
