@@ -102,6 +102,16 @@ class Pool(abc.ABC):
         starts before it)."""
         self.client = client
 
+    def limits(self, job: Job) -> tuple[float | None, float | None]:
+        """The job's (hard, soft) time limits: the message's ``timelimit`` header, else
+        the task's own, else the settings' (Celery's order)."""
+        limits = job.headers.get("timelimit") or (None, None)
+        task = self.app.tasks.get(job.headers["task"])
+        s = self.app.settings
+        hard = limits[0] or (task and task.options.time_limit) or s.task_time_limit
+        soft = limits[1] or (task and task.options.soft_time_limit) or s.task_soft_time_limit
+        return hard, soft
+
     @abc.abstractmethod
     async def start(self) -> None: ...
 

@@ -167,7 +167,7 @@ class PreforkPool(AsyncDispatch, Pool):
                 for j in (c.job, c.queued, *c.tasks.values()) if j is not None]
 
     def submit(self, job: Job) -> None:
-        hard, soft = self._limits(job)  # before a child is taken: it may raise
+        hard, soft = self.limits(job)  # before a child is taken: it may raise
         if self._is_async(job):
             self.submit_async(job, hard, soft)
             return
@@ -196,14 +196,6 @@ class PreforkPool(AsyncDispatch, Pool):
         if hard:
             proc.hard_limit = self.clock.call_after(hard, self._hard_limit, proc, job, hard)
         self.client.on_job_started(job)
-
-    def _limits(self, job: Job) -> tuple[float | None, float | None]:
-        limits = job.headers.get("timelimit") or (None, None)
-        task = self.app.tasks.get(job.headers["task"])
-        s = self.app.settings
-        hard = limits[0] or (task and task.options.time_limit) or s.task_time_limit
-        soft = limits[1] or (task and task.options.soft_time_limit) or s.task_soft_time_limit
-        return hard, soft
 
     def _place(self, proc: ChildProc) -> None:
         """Put ``proc`` in ``idle`` or ``ahead`` (or ``room``) if it belongs there."""

@@ -119,14 +119,6 @@ class ThreadsPool(Pool):
             self._waiting.append((job, soft))
             self._ready.notify()
 
-    def limits(self, job: Job) -> tuple[float | None, float | None]:
-        limits = job.headers.get("timelimit") or (None, None)
-        task = self.app.tasks.get(job.headers["task"])
-        s = self.app.settings
-        hard = limits[0] or (task and task.options.time_limit) or s.task_time_limit
-        soft = limits[1] or (task and task.options.soft_time_limit) or s.task_soft_time_limit
-        return hard, soft
-
     # -- sync jobs: the threads -----------------------------------------------------------
     def _work(self) -> None:
         me = threading.get_ident()
