@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..clients.redis import Connector
+from ..clients.redis.scripts import script_source
 from .base import ResultBackend, Stored
 
 if TYPE_CHECKING:
@@ -56,44 +57,8 @@ _MAX_BLOCK = 1.0
 """Longest XREAD BLOCK (s); base.wait_for never asks for more."""
 
 
-_COUNT = """
--- Returns 1 to the call that counted the chord full and set the flag to its task id, and
--- to a later call by that same task (it ran again), else 0.
-local function count(parts, flag, task_id, size, ttl)
-  redis.call('SADD', parts, task_id)
-  local fired = 0
-  if redis.call('SCARD', parts) >= size then
-    if redis.call('SET', flag, task_id, 'NX') then
-      fired = 1
-    elseif redis.call('GET', flag) == task_id then
-      fired = 1
-    end
-  end
-  if ttl > 0 then
-    redis.call('PEXPIRE', parts, ttl)
-    redis.call('PEXPIRE', flag, ttl)
-  end
-  return fired
-end
-"""
-CHORD_PART = _COUNT + """
--- KEYS: parts set, fired flag; ARGV: task id, chord size, expiry in ms (0: none).
-return count(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
-"""
-STORE_PART = _COUNT + """
--- KEYS: result, expiring set, change feed, parts set, fired flag; ARGV: task id, value,
--- its expiry in ms (0: none) and unix time, chord size, chord expiry in ms, feed length.
--- As store_many then chord_part, in one round trip: the result is written first.
-if tonumber(ARGV[3]) > 0 then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-else
-  redis.call('SET', KEYS[1], ARGV[2])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 't', ARGV[1])
-return count(KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6]))
-"""
+CHORD_PART = script_source("results_chord_part", prelude="results_chord_count")
+STORE_PART = script_source("results_store_part", prelude="results_chord_count")
 
 
 class RedisBackend(ResultBackend):

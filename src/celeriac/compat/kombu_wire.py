@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..clients.redis.scripts import script_source
 from ..errors import DecodeError
 from ..protocol import DECODE_ERROR_HEADER, Message, new_id
 from ..transports.base import DeadLetter
@@ -319,84 +320,8 @@ def _text(value: Any) -> str:
 # Popping in Lua (RPOP and recording it in ``unacked`` in one step) leaves no moment
 # where a message is neither in its list nor in ``unacked``. kombu's BRPOP has one: a
 # worker that dies between the BRPOP reply and its HSET loses the message.
-FETCH = """
--- ARGV: unacked, unacked_index, delayed, delayed messages, limit, now (unix s, the
--- client's clock as kombu's), our id counter, then pairs (list key, queue) in pop order.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', ARGV[3], '-inf', now_ms, 'LIMIT', 0, 1000)
-for _, id in ipairs(due) do
-  local v = redis.call('HGET', ARGV[4], id)
-  redis.call('ZREM', ARGV[3], id)
-  redis.call('HDEL', ARGV[4], id)
-  if v then
-    local nl = string.find(v, '\\n', 1, true)
-    redis.call('RPUSH', string.sub(v, 1, nl - 1), string.sub(v, nl + 1))
-  end
-end
-local out = {}
-local n, limit = 0, tonumber(ARGV[5])
-for i = 8, #ARGV, 2 do
-  while n < limit do
-    local item = redis.call('RPOP', ARGV[i])
-    if not item then break end
-    local ok, msg = pcall(cjson.decode, item)
-    local tag, ex, rk
-    if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
-      tag = msg.properties.delivery_tag
-      local info = msg.properties.delivery_info
-      if type(info) == 'table' then ex, rk = info.exchange, info.routing_key end
-    end
-    if type(tag) ~= 'string' then
-      tag = 'celeriac-untagged-' .. redis.call('INCR', ARGV[7])
-    end
-    if type(ex) ~= 'string' then ex = '' end
-    if type(rk) ~= 'string' then rk = ARGV[i + 1] end
-    local entry = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
-    redis.call('HSET', ARGV[1], tag, entry)
-    redis.call('ZADD', ARGV[2], ARGV[6], tag)
-    n = n + 1
-    out[#out + 1] = ARGV[i]
-    out[#out + 1] = item
-    out[#out + 1] = tag
-  end
-  if n >= limit then break end
-end
-return out
-"""
+FETCH = script_source("kombu_fetch", prelude=None)
 
-MOVE = """
--- Take messages out of unacked (if still there, unchanged when old is given) and put
--- them back: RPUSH to the front of their list, or into the delay store.
--- ARGV: unacked, unacked_index, delayed, delayed messages, our id counter; then groups of
--- (tag or '' for a message not taken from unacked, old value or '', list key, new
--- envelope, delay ms).
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local moved = 0
-for i = 6, #ARGV, 5 do
-  local tag, old = ARGV[i], ARGV[i + 1]
-  local cur = tag == '' or redis.call('HGET', ARGV[1], tag)
-  if cur and (old == '' or cur == old) then
-    if tag ~= '' then
-      redis.call('HDEL', ARGV[1], tag)
-      redis.call('ZREM', ARGV[2], tag)
-    end
-    local delay = tonumber(ARGV[i + 4])
-    if delay > 0 then
-      local id = 'd' .. redis.call('INCR', ARGV[5])
-      redis.call('HSET', ARGV[4], id, ARGV[i + 2] .. '\\n' .. ARGV[i + 3])
-      redis.call('ZADD', ARGV[3], now_ms + delay, id)
-    else
-      redis.call('RPUSH', ARGV[i + 2], ARGV[i + 3])
-    end
-    moved = moved + 1
-  end
-end
-return moved
-"""
+MOVE = script_source("kombu_move", prelude=None)
 
-UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+UNLOCK = script_source("kombu_unlock", prelude=None)

@@ -33,6 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from ..clients.redis.scripts import script_source
 from ..errors import ConfigurationError, OperationalError
 from ..transports.base import Subscription
 from ..transports.redis import RedisSubscription, confirmed
@@ -48,34 +49,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celeriac.transports.kombu_pubsub")
 
-ROUTE = """
--- kombu's direct exchange: LPUSH the envelope to each queue bound by the routing key.
--- ARGV: binding set, separator, routing key, envelope, expiry of the list (ms), the
--- global key prefix (queue names in bindings are unprefixed; their lists are not).
-local sep = ARGV[2]
-local n = 0
-for _, member in ipairs(redis.call('SMEMBERS', ARGV[1])) do
-  local a = string.find(member, sep, 1, true)
-  if a and string.sub(member, 1, a - 1) == ARGV[3] then
-    local b = string.find(member, sep, a + #sep, true)
-    if b then
-      local queue = ARGV[6] .. string.sub(member, b + #sep)
-      redis.call('LPUSH', queue, ARGV[4])
-      redis.call('PEXPIRE', queue, ARGV[5])
-      n = n + 1
-    end
-  end
-end
-return n
-"""
+ROUTE = script_source("kombu_route", prelude=None)
 
-BIND = """
--- kombu 5.7's REFRESH_BINDING: the member, and the set's deadline (server clock).
-redis.call('SADD', KEYS[1], ARGV[1])
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('ZADD', KEYS[2], 'GT', ms + tonumber(ARGV[3]), ARGV[2])
-"""
+BIND = script_source("kombu_bind", prelude=None)
 
 
 KOMBU_DEFAULTS = {"fanout_prefix": True, "fanout_patterns": True}

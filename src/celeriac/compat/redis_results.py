@@ -51,6 +51,7 @@ import orjson
 from .. import states
 from ..backends.base import GROUP_KEY_PREFIX, ResultBackend, Stored, tuple_id
 from ..clients.redis import Connector
+from ..clients.redis.scripts import script_source
 from ..errors import ConfigurationError
 from .redis_broker import split_options
 
@@ -70,46 +71,8 @@ _BODY_CLAIM = "chord-body:"
 """``followups.claimed`` counts a body's claim as a chord of one under this prefix."""
 _CONTENT_TYPE = "application/json"
 
-_COUNT = """
-local function count(j, t, s, flag, done, member, score, size, ttl, tid)
-  if redis.call('GET', flag) == tid then
-    return redis.call('ZRANGE', done, 0, -1)  -- the task that fired ran again
-  end
-  redis.call('ZADD', j, score, member)
-  local ready = redis.call('ZCARD', j)
-  local total = tonumber(redis.call('GET', s) or size) + tonumber(redis.call('GET', t) or '0')
-  if ttl > 0 then
-    redis.call('PEXPIRE', j, ttl)
-    redis.call('PEXPIRE', t, ttl)
-    redis.call('PEXPIRE', s, ttl)
-  end
-  if ready ~= total then return false end
-  local set
-  if ttl > 0 then set = redis.call('SET', flag, tid, 'NX', 'PX', ttl)
-  else set = redis.call('SET', flag, tid, 'NX') end
-  if not set then return false end
-  redis.call('RENAME', j, done)
-  if ttl > 0 then redis.call('PEXPIRE', done, ttl) end
-  redis.call('DEL', t, s)
-  return redis.call('ZRANGE', done, 0, -1)
-end
-"""
-STORE_PART = _COUNT + """
--- KEYS: result, .j, .t, .s, fired flag, done; ARGV: value ('' to store nothing), its
--- expiry in ms (0: none), member, score, size, chord expiry in ms (0: none), task id.
-if ARGV[1] ~= '' then
-  if tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  else redis.call('SET', KEYS[1], ARGV[1]) end
-  redis.call('PUBLISH', KEYS[1], ARGV[1])
-end
-return count(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[3], ARGV[4],
-             tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7])
-"""
-CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
-return 0
-"""
+STORE_PART = script_source("celery_store_part", prelude="celery_chord_count")
+CLAIM = script_source("celery_chord_claim", prelude=None)
 
 
 class CeleryRedisBackend(ResultBackend):

@@ -19,13 +19,12 @@ deployment keeps nothing.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
-from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
 
 from ..clients.redis.connector import Connector
+from ..clients.redis.scripts import script_source
 from .base import (
     BEAT_LEASE,
     LEDGER_LENGTH,
@@ -46,13 +45,6 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 
-@functools.cache
-def script_source(name: str) -> str:
-    """``clients/redis/lua/store_<name>.lua``, alone (these scripts do not use common.lua)."""
-    return resources.files("celeriac.clients.redis").joinpath("lua", f"store_{name}.lua"
-                                                            ).read_text()
-
-
 class RedisStore(SharedStore):
     kind = "Redis"
 
@@ -70,7 +62,8 @@ class RedisStore(SharedStore):
             if script is None:
                 # register_script only hashes the source; EVALSHA falls back to EVAL
                 # (NOSCRIPT) by itself, so a restarted Redis needs nothing from us.
-                script = self._scripts[name] = client.register_script(script_source(name))
+                script = self._scripts[name] = client.register_script(
+                    script_source(f"store_{name}", prelude=None))
             return script(keys=[k and f"{ns}:{k}" for k in keys], args=list(args),
                           client=client)
 

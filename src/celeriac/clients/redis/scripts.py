@@ -19,10 +19,13 @@ class NotReplicated(redis.TimeoutError):
 
 
 @functools.cache
-def script_source(name: str) -> str:
-    """``lua/<name>.lua`` behind ``lua/common.lua`` (the key layout and shared helpers)."""
+def script_source(name: str, prelude: str | None = "common") -> str:
+    """``lua/<name>.lua`` behind ``lua/<prelude>.lua``: by default ``common.lua``, the
+    transport's key layout and shared helpers; another script's shared function (a
+    chord's count); or nothing. Every Lua script of the package is a file here."""
     lua = resources.files("celeriac.clients.redis").joinpath("lua")
-    return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
+    head = lua.joinpath(f"{prelude}.lua").read_text() if prelude else ""
+    return head + lua.joinpath(f"{name}.lua").read_text()
 
 
 @functools.cache
