@@ -13,6 +13,8 @@
     add.delay(2, 3).get(timeout=10)  # 5, once a worker runs: celeriac -A proj worker
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import signals, states
 from .__about__ import __version__
 from .app import Celeriac
@@ -50,7 +52,9 @@ from .result import AsyncResult, EagerResult, GroupResult
 from .runtime.state import current_app, shared_task
 from .settings import Settings
 from .tasks import Request, Task
-from .worker import Worker
+
+if TYPE_CHECKING:
+    from .worker import Worker
 
 __all__ = [
     "AsyncResult",
@@ -100,3 +104,14 @@ __all__ = [
     "signature",
     "states",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # ``celeriac.Worker`` is imported when first asked for: a producer never runs a
+    # worker, and the worker's modules (pool, consumer, asyncio) are most of what
+    # ``import celeriac`` would cost.
+    if name == "Worker":
+        from .worker import Worker
+
+        return Worker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
