@@ -190,6 +190,8 @@ def test_malformed_message_is_dead_lettered_and_the_worker_goes_on(
         assert result.state == "PENDING"
 
     assert w.proc is not None and w.proc.poll() is None
+    # The worker's log reaches its file a moment after the broker saw the dead letter.
+    wait_until(lambda: "dead-letter" in w.log, 10, message="the dead-letter log line")
     lines = [line for line in w.log.splitlines() if "dead-letter" in line]
     assert len(lines) == 1, w.log
     assert "Traceback" not in w.log, w.log
