@@ -215,10 +215,12 @@ def celery_markdown() -> str:
                              for target, how in conversions(config.CONVERTED[name]))
         elif name in config.HARMLESS:
             fate, what = "accepted with a warning", config.HARMLESS[name]
+        elif name.startswith(config.OTHER_SERVICES):
+            fate, what = "accepted with a warning", config._OTHER_SERVICES_REASON
         elif name in config.REFUSED:
             fate, what = "refused", config.REFUSED[name]
         elif name.startswith(config._OTHER_BACKENDS):
-            fate, what = "refused", config._BACKENDS_REASON
+            fate, what = "refused", config._DATABASE_REASON
         else:
             fate, what = "unknown", "not classified (a test in tests/unit/test_config.py fails)"
             log.warning("Celery setting %s is not classified by celeriac.settings.config", name)

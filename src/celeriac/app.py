@@ -108,28 +108,50 @@ class Celeriac:
     @property
     def conf(self) -> Conf:
         """The settings as Celery shows them: ``app.conf.task_serializer``,
-        ``app.conf.update(...)``, ``app.conf.x = y`` (until the app is finalized)."""
+        ``app.conf.update(...)``, ``app.conf.x = y`` (``configure`` says when a change
+        takes effect)."""
         return Conf(self)
 
     def configure(self, **changes: Any) -> None:
-        """Change settings; only before the app is finalized."""
-        self._check_not_finalized("configure()")
-        self.settings = self.settings.replace(**changes)
+        """Change settings (validated at once; an error names the setting).
+
+        Before the app is finalized, anything. After, as Celery allows: what this process
+        reads per call takes effect at once (``delay()``/``apply_async`` options,
+        routing, serializers, eager mode, the canvas's flags, and an in-process worker's
+        per-message reads); ``include``/``imports`` added are imported now. Not re-read:
+        what the connections were made with (``broker_url``, ``result_backend`` and
+        their transport options: changing them once the app has connected is an error),
+        and what a running worker fixed at its start (concurrency, queues, prefetch,
+        time limits of its pool's children, events); a worker in another process keeps
+        the settings it started with (docs/guide/configuration.md)."""
+        self._swap(self.settings.replace(**changes), "configure()")
 
     def config_from_object(self, obj: object | str, namespace: str | None = None,
                            force: bool = True) -> None:
         """Read settings from a module (or ``"module:attribute"``), an object or a mapping,
         as Celery does; ``namespace="CELERY"`` reads Django's ``CELERY_BROKER_URL`` and so
-        on. Settings not named there keep their values."""
-        self._check_not_finalized("config_from_object()")
-        self.settings = self.settings.update_from(load_object(obj), namespace)
+        on. Settings not named there keep their values. After finalize: as ``configure``."""
+        self._swap(self.settings.update_from(load_object(obj), namespace),
+                   "config_from_object()")
 
-    def _check_not_finalized(self, what: str) -> None:
+    def _swap(self, new: Settings, what: str) -> None:
+        old = self.settings
         if self._finalized:
-            raise ConfigurationError(
-                f"{what}: the app's settings are frozen once it is finalized (it has "
-                "connected to the broker, started a worker or called finalize()); "
-                "configure it before")
+            connected = self._transport is not None or self._backend is not None
+            fixed = [name for name in _CONNECTION_SETTINGS
+                     if getattr(new, name) != getattr(old, name)]
+            if connected and fixed:
+                raise ConfigurationError(
+                    f"{what}: {', '.join(sorted(fixed))} cannot change once the app has "
+                    "connected (its connections were made with the old value); set it "
+                    "before, or close() the app first")
+            added = [m for m in (*new.imports, *new.include)
+                     if m not in (*old.imports, *old.include)]
+            self.settings = new
+            for module in added:
+                importlib.import_module(module)
+            return
+        self.settings = new
 
     @property
     def finalized(self) -> bool:
@@ -322,9 +344,13 @@ class Celeriac:
     def register_task(self, task: type[Task[Any, Any]] | Task[Any, Any]) -> Task[Any, Any]:
         """Celery's ``app.register_task``: a class-based task, ``class T(Task)`` with a
         ``run(self, ...)`` method (named by its ``name`` attribute, else module and class
-        name), becomes a task of this app, bound (``run``'s ``self`` is the task); a task
-        of another app is registered here as a copy bound to this one."""
+        name), becomes a task of this app, bound (``run``'s ``self`` is the task); so does
+        an instance of one made bare (``T()``, of the current app: itself); a task of
+        another app is registered here as a copy bound to this one."""
         if isinstance(task, Task):
+            if task.app is self:
+                self.tasks[task.name] = task
+                return task
             copy: Task[Any, Any] = type(task)(self, task.fn, task.options)
             self.tasks[copy.name] = copy
             return copy
@@ -453,6 +479,8 @@ class Celeriac:
         link: Any = None,
         link_error: Any = None,
         compression: str | None = None,
+        argsrepr: str | None = None,
+        kwargsrepr: str | None = None,
     ) -> _result.AsyncResult[Any]:
         """Send a task by name; the task need not be importable here.
 
@@ -462,7 +490,8 @@ class Celeriac:
         ``shadow`` is the name logs and events show; ``link`` and ``link_error`` (a
         signature or a list of them) run after the task, with its result or its failure;
         ``compression`` (``"gzip"``, ``"bzip2"``, ``"lzma"``) overrides
-        ``task_compression``."""
+        ``task_compression``; ``argsrepr``/``kwargsrepr`` are what logs and monitors show
+        of the arguments (the headers' default: their repr)."""
         embed = None
         if link is not None or link_error is not None:
             embed = {"callbacks": self._linked(link, "link"),
@@ -474,7 +503,8 @@ class Celeriac:
             retries=retries, time_limit=time_limit, soft_time_limit=soft_time_limit,
             ignore_result=ignore_result, shadow=shadow, parent_id=parent_id,
             root_id=root_id, group_id=group_id, add_to_parent=add_to_parent, retry=retry,
-            retry_policy=retry_policy, embed=embed).check()
+            retry_policy=retry_policy, argsrepr=argsrepr, kwargsrepr=kwargsrepr,
+            embed=embed).check()
         return producer.send(self, name, args, kwargs, options)
 
     def _linked(self, value: Any, option: str) -> list[dict[str, Any]] | None:
@@ -551,6 +581,9 @@ class Celeriac:
         return Worker(self, **options)
 
 
+_CONNECTION_SETTINGS = ("broker_url", "result_backend", "broker_transport_options",
+                        "result_backend_transport_options")
+"""What the app's connections are made with: fixed once it has connected."""
 TASK_OPTIONS = frozenset(f.name for f in fields(TaskOptions)) - {"name"}
 _MISSING: Any = object()
 

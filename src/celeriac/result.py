@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from .app import Celeriac
 
 R = TypeVar("R")
+_PROPAGATE_STATES = frozenset({states.FAILURE, states.REVOKED})
+"""The states whose exception ``get()`` raises (Celery's ``PROPAGATE_STATES``)."""
 
 
 class AsyncResult(Generic[R]):
@@ -200,21 +202,71 @@ class AsyncResult(Generic[R]):
         self.app.control.revoke(self.id, terminate=terminate, signal=signal or "SIGTERM",
                                 reply=wait, timeout=timeout if timeout is not None else 1.0)
 
-    def get(self, timeout: float | None = None, propagate: bool = True) -> R:
+    def revoke_by_stamped_headers(self, headers: Any, connection: Any = None,
+                                  terminate: bool = False, signal: str | None = None,
+                                  wait: bool = False, timeout: float | None = None) -> None:
+        """Ask the workers not to run any task stamped with ``headers`` (Celery's
+        ``AsyncResult.revoke_by_stamped_headers``; ``app.control``'s, which this calls)."""
+        self.app.control.revoke_by_stamped_headers(
+            headers, terminate=terminate, signal=signal or "SIGTERM", reply=wait,
+            timeout=timeout if timeout is not None else 1.0)
+
+    def get(self, timeout: float | None = None, propagate: bool = True,
+            follow_parents: bool = True) -> R:
         """Wait for the task to finish and return its value.
 
         A failed task re-raises its exception when ``propagate`` (the default); otherwise
         the exception is returned. Raises ``ResultTimeout`` after ``timeout`` seconds.
         A task that stores no result (``ignored``) returns None at once.
+
+        With ``follow_parents`` (and ``propagate``), a failed parent's exception is
+        raised first, the topmost first (Celery's): a chain or a chord whose earlier
+        task failed raises that task's own exception, not the ``ChordError`` or the
+        copy stored for the steps after it. Parents are read before waiting and again
+        if this result is a failure.
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
         if self.ignored:
             return cast(R, None)
+        follow = follow_parents and propagate and self.parent is not None
+        if follow:
+            self._maybe_reraise_parent_error()
         meta = self.app.backend.wait_for([self.id], timeout).get(self.id)
         if meta is None:
             raise ResultTimeout(f"task {self.id} not ready after {timeout}s")
+        if follow and meta.state in _PROPAGATE_STATES:
+            self._maybe_reraise_parent_error()
         return cast(R, self._outcome(meta, propagate))
+
+    def _parents(self) -> Iterator[AsyncResult[Any] | GroupResult]:
+        node = self.parent
+        seen: set[int] = set()
+        while node is not None and id(node) not in seen:  # bounded: a cycle stops it
+            seen.add(id(node))
+            yield node
+            node = node.parent
+
+    def _maybe_reraise_parent_error(self) -> None:
+        """Raise the exception of the topmost parent that failed, if one did (no wait)."""
+        for node in reversed(list(self._parents())):
+            node.maybe_throw()
+
+    def maybe_throw(self, propagate: bool = True, callback: Any = None) -> Any:
+        """Raise this task's exception if it failed (no wait); else its value or None
+        (Celery's ``maybe_throw``)."""
+        meta = self._meta()
+        if meta is None:
+            return None
+        if meta.state in _PROPAGATE_STATES and propagate:
+            raise self._exception(meta)
+        value = self._exception(meta) if meta.state in states.EXCEPTION_STATES \
+            else meta.result
+        if callback is not None:
+            callback(self.id, value)
+        return value
+
+    maybe_reraise = maybe_throw
 
     def wait(self, timeout: float | None = None, propagate: bool = True) -> R:
         """Celery's other name for ``get``."""
@@ -317,7 +369,8 @@ class EagerResult(AsyncResult[R]):
     def _meta(self) -> ResultMeta | None:
         return self._eager_meta
 
-    def get(self, timeout: float | None = None, propagate: bool = True) -> R:
+    def get(self, timeout: float | None = None, propagate: bool = True,
+            follow_parents: bool = True) -> R:
         return cast(R, self._outcome(self._eager_meta, propagate))
 
     def forget(self) -> None:
@@ -424,6 +477,21 @@ class ResultSet:
 
     def failed(self) -> bool:
         return any(m.state == states.FAILURE for m in self._metas().values())
+
+    def maybe_throw(self, callback: Any = None, propagate: bool = True) -> None:
+        """Raise the first failed member's exception, in member order (no wait; Celery's
+        ``ResultSet.maybe_throw``), read in one batch."""
+        metas = self._metas()
+        for r in self.results:
+            meta = metas.get(r.id)
+            if meta is None:
+                continue
+            if meta.state in _PROPAGATE_STATES and propagate:
+                raise r._exception(meta)
+            if callback is not None:
+                callback(r.id, meta.result)
+
+    maybe_reraise = maybe_throw
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> list[Any]:
         """Every member's value, in member order, once all are ready.

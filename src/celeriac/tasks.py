@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
+import functools
+import importlib
 import inspect
 import logging
 import random
 import traceback as tb
+import types
+import typing
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
@@ -16,13 +20,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, Type
 
 from . import states
 from .backends.base import ResultMeta
-from .canvas import Signature
+from .canvas import Signature, chain, chord, group, maybe_signature
 from .canvas.builtins import chunks, xmap, xstarmap
-from .errors import Ignore, MaxRetriesExceededError, Retry
+from .canvas.followups import takes_request
+from .errors import ConfigurationError, Ignore, MaxRetriesExceededError, Retry
 from .producer import publish as _publish
+from .producer.options import NAMES as SEND_NAMES
 from .producer.options import SEND_OPTIONS, SendOptions
 from .protocol import new_id
-from .result import AsyncResult, EagerResult
+from .result import AsyncResult, EagerResult, GroupResult
 from .runtime.aio import run_sync
 from .runtime.progress import RUNNING
 from .runtime.request import Request as Request
@@ -30,6 +36,7 @@ from .runtime.request import _current
 from .runtime.request import args_repr as args_repr
 from .runtime.request import current_request as current_request
 from .runtime.request import short_repr as short_repr
+from .runtime.state import get_current_app
 from .signals import ExceptionInfo
 
 if TYPE_CHECKING:
@@ -67,6 +74,9 @@ class TaskOptions:
     """Celery's: None never stops retrying; unset, ``task_max_retries`` (3)."""
     default_retry_delay: float | None = None
     autoretry_for: tuple[type[BaseException], ...] = ()
+    retry_kwargs: Mapping[str, Any] | None = None
+    """Celery's: what ``autoretry_for`` passes to ``retry()`` (``max_retries``,
+    ``countdown``...)."""
     retry_backoff: bool | float = False
     retry_backoff_max: float = 600.0
     retry_jitter: bool = True
@@ -85,6 +95,15 @@ class TaskOptions:
     global_rate_limit: str | float | None = None
     """The same syntax, one limit shared by every worker of the cluster, enforced
     through the broker's or result backend's store (``worker/globalrate.py``)."""
+    typing: bool = True
+    """Celery's: check a call's arguments against the function's signature where it is
+    sent (``delay``/``apply_async`` raise ``TypeError`` in the caller); False: don't."""
+    pydantic: bool = False
+    """Celery's: arguments annotated with a pydantic model are validated into it where
+    the task runs, and a returned model is sent as its ``model_dump()``."""
+    pydantic_strict: bool = False
+    pydantic_context: Mapping[str, Any] | None = None
+    pydantic_dump_kwargs: Mapping[str, Any] | None = None
 
 
 class Task(Generic[P, R]):
@@ -108,7 +127,13 @@ class Task(Generic[P, R]):
             # class attribute of the same name would hide it.
             delattr(cls, name)
 
-    def __init__(self, app: Celeriac, fn: Callable[..., R], options: TaskOptions) -> None:
+    def __init__(self, app: Celeriac | None = None, fn: Callable[..., R] | None = None,
+                 options: TaskOptions | None = None) -> None:
+        if fn is None or options is None or app is None:
+            # Celery's class-based task made bare, ``T()``: its ``run`` method, its class
+            # attributes as options, the current app (``app.register_task(T())``).
+            app = app if app is not None else get_current_app()
+            fn, options = _class_based(type(self))
         self.app = app
         self.fn = fn
         self.options = options
@@ -125,6 +150,12 @@ class Task(Generic[P, R]):
         """True when a subclass overrides a handler (checked once, not per task)."""
         self._defaults: tuple[TaskOptions, Any, SendOptions] | None = None
         """``delay()``'s options, for the task options and settings they came from."""
+        self._checker: tuple[Callable[..., Any], Callable[..., Any] | None] | None = None
+        """``typing``'s argument check, for the function it was made from (None: not yet
+        made; a None check: the function's signature cannot be read)."""
+        self._pydantic_fn: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+        """``pydantic``'s wrapper, for the function it wraps (made when the task first runs,
+        so pydantic is imported only where such a task runs)."""
 
     # -- Celery's handlers ---------------------------------------------------------------
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -245,15 +276,43 @@ class Task(Generic[P, R]):
         def`` task)."""
         if self.has_handlers and not request.called_directly:
             self.before_start(request.id, args, kwargs)
+        fn = self._pydantic() if self.options.pydantic else self.fn
         if self.options.bind:
-            return self.fn(self, *args, **kwargs)
-        return self.fn(*args, **kwargs)
+            return fn(self, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    def _pydantic(self) -> Callable[..., Any]:
+        """The function wrapped for ``pydantic=True`` (made once per function)."""
+        made = self._pydantic_fn
+        if made is None or made[0] is not self.fn:
+            o = self.options
+            made = self._pydantic_fn = (self.fn, pydantic_wrapper(
+                self.fn, self.name, o.bind, o.pydantic_strict, o.pydantic_context,
+                o.pydantic_dump_kwargs, self.app))
+        return made[1]
+
+    def check_arguments(self, args: Sequence[Any] | None,
+                        kwargs: Mapping[str, Any] | None) -> None:
+        """Celery's ``typing=True`` check: ``TypeError`` when the function cannot be
+        called with these arguments (the check made once per function, a stub of its
+        signature: a plain call's cost)."""
+        made = self._checker
+        if made is None or made[0] is not self.fn:
+            made = self._checker = (self.fn, argument_checker(self.fn, self.options.bind))
+        check = made[1]
+        # Arguments of the wrong shape are the producer's to refuse, saying so.
+        if check is not None and (args is None or isinstance(args, (list, tuple))) and (
+                kwargs is None or isinstance(kwargs, Mapping)):
+            try:
+                check(*(args or ()), **(kwargs or {}))
+            except TypeError as exc:
+                raise TypeError(f"{self.name}: {exc}") from None
 
     def _autoretry(self, request: Request, exc: Exception) -> None:
         """Raise ``Retry`` when the task retries on ``exc`` (``autoretry_for``, a call
         through the worker or ``apply``); else return, and the caller re-raises ``exc``."""
         if not request.called_directly and self.should_autoretry(exc):
-            raise self.retry(exc=exc) from exc
+            raise self.retry(exc=exc, **(self.options.retry_kwargs or {})) from exc
 
     # -- sending ------------------------------------------------------------------------
     # An ``async def`` task's result is what its coroutine returns: for type checkers,
@@ -330,18 +389,23 @@ class Task(Generic[P, R]):
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
         ignore_result: bool | None = None,
+        throw: bool | None = None,
         **options: Any,
     ) -> AsyncResult[R]:
         """Send the task with explicit options. ``countdown`` (s) or ``eta`` delay it;
         the other options are Celery's (see ``Celeriac.send_task``); an option celeriac
-        does not know raises ``TypeError`` naming it."""
+        does not know raises ``TypeError`` naming it. ``throw`` applies when the call
+        runs eagerly (``task_always_eager``): as ``apply(throw=)``."""
         unknown = options.keys() - SEND_OPTIONS
         if unknown:
             raise TypeError(f"{self.name}.apply_async() got unknown option(s): "
                             f"{', '.join(sorted(unknown))}")
+        if self.options.typing:
+            self.check_arguments(args, kwargs)
         app = self.app
         if app.settings.task_always_eager:
-            return self.apply(args, kwargs, task_id=task_id)
+            return self.apply(args, kwargs, task_id=task_id, throw=throw,
+                              link=options.get("link"), link_error=options.get("link_error"))
         if "link" in options or "link_error" in options:
             link, link_error = options.pop("link", None), options.pop("link_error", None)
             if link is not None or link_error is not None:
@@ -387,8 +451,27 @@ class Task(Generic[P, R]):
         return await asyncio.to_thread(self.apply_async, args, kwargs, **options)
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
-              *, task_id: str | None = None) -> AsyncResult[R]:
-        """Run the task here and now (eager), retries included; nothing is sent."""
+              *, task_id: str | None = None, link: Any = None, link_error: Any = None,
+              throw: bool | None = None, **options: Any) -> AsyncResult[R]:
+        """Run the task here and now (eager), retries included; nothing is sent. ``link``
+        signatures run here after a success, with the value; ``link_error`` ones after a
+        failure (Celery's two forms: a task taking ``(request, exc, traceback)`` is
+        called so, another is applied with the task's id). ``throw``: re-raise a
+        failure (None: ``task_eager_propagates``). Other ``apply_async`` options are
+        accepted and have no effect here (Celery's)."""
+        unknown = options.keys() - SEND_NAMES
+        if unknown:
+            raise TypeError(f"{self.name}.apply() got unknown option(s): "
+                            f"{', '.join(sorted(unknown))}")
+        result = self._apply(args, kwargs, task_id, throw, link_error)
+        if link is not None and result.successful():
+            value = result.get()
+            for callback in _listed(link):
+                maybe_signature(callback, self.app).apply((value,))
+        return result
+
+    def _apply(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+               task_id: str | None, throw: bool | None, link_error: Any) -> AsyncResult[R]:
         task_id = task_id or new_id()
         args, kwargs = list(args or ()), dict(kwargs or {})
         retries = 0
@@ -417,13 +500,29 @@ class Task(Generic[P, R]):
                     meta = ResultMeta(task_id, states.FAILURE, exc, tb.format_exc(),
                                       retries=retries)
                     self._ended(request, states.FAILURE, exc)
-                    if self.app.settings.task_eager_propagates:
+                    if link_error is not None:
+                        self._eager_errbacks(request, exc, meta.traceback, link_error)
+                    if self.app.settings.task_eager_propagates if throw is None else throw:
                         raise
                     return EagerResult(task_id, self.app, self.name, meta)
                 self._ended(request, meta.state, meta.result)
                 return EagerResult(task_id, self.app, self.name, meta)
             finally:
                 self.leave(scope)
+
+    def _eager_errbacks(self, request: Request, exc: BaseException, traceback: str | None,
+                        errbacks: Any) -> None:
+        for errback in _listed(errbacks):
+            sig = maybe_signature(errback, self.app)
+            try:
+                task = self.app.tasks.get(sig.task)
+                if task is not None and takes_request(task):
+                    sig.apply((request, exc, traceback))
+                else:
+                    sig.apply((request.id,))
+            except Exception:
+                logger.exception("Task %s[%s]: errback %s failed", self.name, request.id,
+                                 sig.task)
 
     def _ended(self, request: Request, state: str, retval: Any) -> None:
         if self.has_handlers:
@@ -455,6 +554,94 @@ class Task(Generic[P, R]):
         if reporter is not None:
             reporter.report(task_id, state, meta)
 
+    # -- replacing ----------------------------------------------------------------------
+    def replace(self, sig: Mapping[str, Any]) -> Any:
+        """Celery's ``Task.replace``: end this task and run ``sig`` in its place. The
+        replacement takes this task's id (its last task does: callers waiting on this
+        task's result get the replacement's), its place in a group or chord, its
+        ``link``/``link_error`` callbacks and the rest of its chain; a group is made a
+        chord whose body collects the results (``celery.accumulate``). The task ends with
+        ``Ignore`` (nothing stored for it; use ``raise self.replace(...)``); eagerly, the
+        replacement runs here and its value is returned."""
+        request = self.request
+        app = self.app
+        sig = maybe_signature(sig, app)
+        if sig.options.get("chord") is not None:
+            raise ConfigurationError("A signature replacing a task must not be part of a "
+                                     "chord")
+        if isinstance(sig, chain) and not sig.tasks:
+            raise ConfigurationError("Cannot replace with an empty chain")
+        steps = [self._accumulated(s) for s in (sig.tasks if isinstance(sig, chain)
+                                                  else [sig])]
+        links = [*_listed(sig.options.pop("link", None)), *(request.callbacks or ())] \
+            if isinstance(sig, chain) else list(request.callbacks or ())
+        errbacks = [*_listed(sig.options.pop("link_error", None)),
+                    *(request.errbacks or ())] if isinstance(sig, chain) \
+            else list(request.errbacks or ())
+        # The task that ends the replacement stands for this one: its id, its callbacks,
+        # its place in a group or chord (a chord's: its body).
+        last = steps[-1]
+        tail = last.body if isinstance(last, chord) else last
+        tail.options["task_id"] = request.id
+        for callback in links:
+            tail.link(callback)
+        nesting = request.replaced_task_nesting + 1
+        rest = [Signature.from_dict(d, app) for d in reversed(request.chain or ())]
+        for step in steps:
+            for errback in errbacks:
+                step.link_error(errback)
+        for step in [*steps, *rest, tail]:
+            step.options["headers"] = {**(step.options.get("headers") or {}),
+                                       "replaced_task_nesting": nesting}
+        if not rest:  # else the chain's last step has its place already
+            tail.options.update({k: v for k, v in (("chord", request.chord),
+                                                   ("group_id", request.group),
+                                                   ("group_index", request.group_index))
+                                 if v is not None})
+        steps += rest
+        whole = steps[0] if len(steps) == 1 else chain(
+            *steps, app=app, **(sig.options if isinstance(sig, chain) else {}))
+        return self.on_replace(whole)
+
+    def add_to_chord(self, sig: Mapping[str, Any], lazy: bool = False) -> AsyncResult[Any]:
+        """Celery's ``Task.add_to_chord``: add ``sig`` (a task, a chain, a chord) to the
+        chord this task is a header task of; the chord's body gets its result too, after
+        the others'. It is sent when this task ends, and this task's part of the chord
+        is counted once it has run. Returns its result."""
+        request = self.request
+        if not request.chord or not request.group:
+            raise ValueError("Current task is not member of any chord")
+        if lazy:
+            raise NotImplementedError("add_to_chord(lazy=True): celeriac sends what is "
+                                      "added itself, as the task ends")
+        sig = maybe_signature(sig, self.app)
+        target = sig.body if isinstance(sig, chord) else sig
+        result_id = target.options.get("task_id") or new_id()
+        target.options["task_id"] = result_id
+        saved = GroupResult.restore(request.group, app=self.app)
+        if saved is None:
+            raise ValueError(f"chord {request.group}: its member list is gone (expired?)")
+        result: AsyncResult[Any] = AsyncResult(result_id, self.app, target.task)
+        GroupResult(request.group, [*saved.results, result], self.app).save()
+        request.chord_additions = [*(request.chord_additions or ()), sig]
+        return result
+
+    def on_replace(self, sig: Signature) -> Any:
+        """Celery's handler: send ``sig`` in this task's place and end it with ``Ignore``
+        (eagerly: run it here and return its value). An override must return
+        ``super().on_replace(sig)``."""
+        if self.request.is_eager:
+            return sig.apply().get()
+        sig.apply_async()
+        raise Ignore("Replaced by new task")
+
+    def _accumulated(self, sig: Signature) -> Signature:
+        """A group as a chord whose body returns the list of its results (Celery's)."""
+        if isinstance(sig, group):
+            return chord(sig, self.app.signature("celery.accumulate", kwargs={"index": 0}),
+                         app=self.app)
+        return sig
+
     # -- retrying -----------------------------------------------------------------------
     def retry(
         self,
@@ -465,11 +652,16 @@ class Task(Generic[P, R]):
         countdown: float | None = None,
         eta: datetime | None = None,
         max_retries: int | None = None,
+        expires: float | timedelta | datetime | None = None,
+        **options: Any,
     ) -> Retry:
         """Publish this call again to run later, then raise ``Retry``.
 
         Use as ``raise self.retry(...)``. Past ``max_retries`` it raises ``exc`` (or
-        ``MaxRetriesExceededError``) instead, and the task fails.
+        ``MaxRetriesExceededError``) instead, and the task fails. The new message keeps
+        the call's queue, priority, time limits, custom headers, group and what follows
+        it (chain, callbacks, chord); ``expires`` and other ``apply_async`` options (Celery's
+        ``**options``) apply to it.
         """
         request = self.request
         limit = self.max_retries if max_retries is None else max_retries
@@ -484,14 +676,35 @@ class Task(Generic[P, R]):
         if request.called_directly:
             raise Retry(exc=exc, when=countdown)  # nothing to publish outside a worker
         if not request.is_eager:
-            new_args = request.args if args is None else args
-            new_kwargs = request.kwargs if kwargs is None else kwargs
-            self.apply_async(
-                new_args, new_kwargs, countdown=countdown, eta=eta, task_id=request.id,
-                retries=request.retries + 1, queue=request.delivery_info.get("queue"),
-                headers={"root_id": request.root_id, "parent_id": request.parent_id},
-            )
+            self._send_retry(request, args, kwargs, countdown, eta, expires, options)
         raise Retry(exc=exc, when=countdown if eta is None else eta)
+
+    def _send_retry(self, request: Request, args: Sequence[Any] | None,
+                    kwargs: Mapping[str, Any] | None, countdown: float | None,
+                    eta: datetime | None, expires: Any, options: dict[str, Any]) -> None:
+        unknown = options.keys() - SEND_NAMES
+        if unknown:
+            raise TypeError(f"{self.name}.retry() got unknown option(s): "
+                            f"{', '.join(sorted(unknown))}")
+        headers = request.headers
+        custom = {k: v for k, v in headers.items() if k not in _STANDARD_HEADERS}
+        embed = {"callbacks": request.callbacks, "errbacks": request.errbacks,
+                 "chain": request.chain, "chord": request.chord}
+        given = {k: v for k, v in (
+            ("countdown", countdown), ("eta", eta), ("expires", expires),
+            ("queue", request.delivery_info.get("queue")),
+            ("priority", request.delivery_info.get("priority")),
+            ("headers", custom or None), ("group_id", request.group),
+            ("group_index", request.group_index), ("shadow", headers.get("shadow")),
+            ("ignore_result", headers.get("ignore_result") or None),
+            ("time_limit", request.timelimit[0]), ("soft_time_limit", request.timelimit[1]),
+            ("embed", embed if any(embed.values()) else None),
+            *options.items()) if v is not None}
+        send = replace(self._task_options(), task_id=request.id,
+                       retries=request.retries + 1, root_id=request.root_id,
+                       parent_id=request.parent_id, add_to_parent=False, **given).check()
+        _publish.send(self.app, self.name, request.args if args is None else args,
+                      request.kwargs if kwargs is None else kwargs, send)
 
     def _retry_countdown(self, retries: int) -> float:
         o = self.options
@@ -507,7 +720,122 @@ class Task(Generic[P, R]):
         return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
 
 
+_STANDARD_HEADERS: Final = frozenset({
+    "lang", "task", "id", "shadow", "eta", "expires", "group", "group_index", "retries",
+    "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr", "origin",
+    "ignore_result", "compression"})
+"""Protocol v2's headers (and the compression's): what ``retry`` makes anew; the others
+are the call's custom headers, which it keeps (Celery's)."""
+
+
+def _class_based(cls: type[Task[Any, Any]]) -> tuple[Callable[..., Any], TaskOptions]:
+    """A bare ``Task`` subclass's function (its ``run``, bound: ``self`` is the task)
+    and options (its class attributes; its ``name``, else module and class name)."""
+    run = getattr(cls, "run", None)
+    if not callable(run):
+        raise TypeError(f"{cls.__name__}() needs a run() method, or app, fn and options")
+    name = cls.__dict__.get("name") or getattr(cls, "name", None)
+    if not isinstance(name, str):
+        name = f"{cls.__module__}.{cls.__qualname__}"
+    defaults = dict(cls.option_defaults)
+    if isinstance(defaults.get("autoretry_for"), list):
+        defaults["autoretry_for"] = tuple(defaults["autoretry_for"])
+    defaults["bind"] = True
+    return run, TaskOptions(name=name, **defaults)
+
+
+def _listed(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def _eager_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:
     if isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], Mapping):
         return call[0], call[1]
     return call, None
+
+
+def argument_checker(fn: Callable[..., Any], bound: bool) -> Callable[..., Any] | None:
+    """A function with ``fn``'s parameters (without ``self`` for a bound task) that does
+    nothing: calling it raises the ``TypeError`` calling ``fn`` would (Celery's
+    ``head_from_fun``). None when ``fn``'s signature cannot be read."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if bound and params and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                               inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        params = params[1:]
+    # Defaults and annotations dropped: only the names and kinds matter to binding.
+    stub = [p.replace(annotation=inspect.Parameter.empty,
+                      default=None if p.default is not inspect.Parameter.empty
+                      else inspect.Parameter.empty) for p in params]
+    text = str(sig.replace(parameters=stub, return_annotation=inspect.Signature.empty))
+    namespace: dict[str, Any] = {}
+    name = fn.__name__ if fn.__name__.isidentifier() else "check"
+    exec(f"def {name}{text}:\n    pass", namespace)  # the parameters' names: identifiers
+    return namespace[name]  # type: ignore[no-any-return]
+
+
+def pydantic_wrapper(fn: Callable[..., Any], name: str, bound: bool, strict: bool,
+                     context: Mapping[str, Any] | None,
+                     dump_kwargs: Mapping[str, Any] | None, app: Any) -> Callable[..., Any]:
+    """Celery 5.5's ``pydantic=True``: each argument annotated with a pydantic model (or
+    ``Optional`` of one, given a value) is validated into it (``model_validate``), and a
+    returned model that is an instance of the return annotation is sent as its
+    ``model_dump(mode="json")``. pydantic is imported here, where such a task runs."""
+    try:
+        pydantic: Any = importlib.import_module("pydantic")  # optional: only these tasks
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"task {name!r} has pydantic=True: install pydantic to use pydantic model "
+            "arguments and results") from exc
+    base = pydantic.BaseModel
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, AttributeError, TypeError):
+        hints = {}
+
+    def model_of(annotation: Any, value: Any) -> Any:
+        optional = _optional_arg(annotation)
+        if optional is not None and value is not None:
+            annotation = optional
+        if isinstance(annotation, type) and issubclass(annotation, base):
+            return annotation
+        return None
+
+    ctx = {**(context or {}), "celery_app": app, "celery_task_name": name}
+    dump = {"mode": "json", **(dump_kwargs or {})}
+    returns = hints.get("return", sig.return_annotation)
+    returns = _optional_arg(returns) or returns
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound_args = sig.bind(*args, **kwargs)
+        for i, (arg, given) in enumerate(bound_args.arguments.items()):
+            if bound and i == 0:
+                continue  # the task itself
+            model = model_of(hints.get(arg, sig.parameters[arg].annotation), given)
+            if model is not None:
+                bound_args.arguments[arg] = model.model_validate(given, strict=strict,
+                                                                 context=ctx)
+        value: Any = fn(*bound_args.args, **bound_args.kwargs)
+        if isinstance(returns, type) and isinstance(value, base) and isinstance(value, returns):
+            dumped: Any = value
+            return dumped.model_dump(**dump)
+        return value
+
+    return wrapper
+
+
+def _optional_arg(annotation: Any) -> Any:
+    """``X`` of ``Optional[X]`` / ``X | None``; else None."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    members = typing.get_args(annotation)
+    if len(members) != 2 or type(None) not in members:
+        return None
+    return next(m for m in members if m is not type(None))

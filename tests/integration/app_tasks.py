@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from celeriac import Celeriac, Hooks, Settings
+from celeriac import Celeriac, Hooks, Settings, group
 from celeriac.testing import wait_until
 
 app = Celeriac("itest", settings=Settings.from_env())
@@ -245,3 +245,27 @@ def spawn(n: int) -> int:
     for i in range(n):
         add.delay(i, i)
     return n
+
+
+@app.task(bind=True)
+def replaced(self, x: int, y: int):  # type: ignore[no-untyped-def]
+    """Replaces itself with ``add`` (``Task.replace``)."""
+    raise self.replace(add.s(x, y))
+
+
+@app.task(bind=True)
+def replaced_by_group(self, x: int):  # type: ignore[no-untyped-def]
+    """Replaces itself with a group: its result is the group's list."""
+    raise self.replace(group(add.s(x, 1), add.s(x, 2)))
+
+
+@app.task(bind=True)
+def properties(self) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The message's properties as the task sees them."""
+    return {"app_id": self.request.properties.get("app_id"),
+            "priority": self.request.delivery_info.get("priority")}
+
+
+@app.task
+def echo(value: object) -> object:
+    return value

@@ -114,9 +114,11 @@ def test_a_failed_header_task_fails_the_chord_naming_it_and_the_body_does_not_ru
     body = t.total.s()
     body.link_error(noted)
     r = chord([t.add.s(1, 1), failing], body).apply_async()
+    with pytest.raises(ValueError, match="bad value"):  # the header task's own (Celery's)
+        r.get(timeout=20)
     with pytest.raises(ChordError, match=f"Dependency {failing.id} raised FAILURE: "
                                          r"ValueError\(bad value\)"):
-        r.get(timeout=20)
+        r.get(timeout=20, follow_parents=False)  # what is stored for the body
     assert app.AsyncResult(noted.id).get(timeout=15) == r.id  # link_error ran, once
 
 
@@ -153,8 +155,10 @@ def test_a_chain_failing_in_a_chord_header_fails_the_chord(app: Celeriac,
     inner = t.add.s(1)
     r = chord([t.add.s(1, 1) | t.boom.si("value") | inner, t.add.s(2, 2)],
               t.total.s()).apply_async()
-    with pytest.raises(ChordError, match=r"raised FAILURE: ValueError\(bad value\)"):
+    with pytest.raises(ValueError, match="bad value"):
         r.get(timeout=20)
+    with pytest.raises(ChordError, match=r"raised FAILURE: ValueError\(bad value\)"):
+        r.get(timeout=20, follow_parents=False)
 
 
 def test_children_and_collect_walk_what_a_task_sent(app: Celeriac, worker: WorkerProcess
@@ -170,3 +174,20 @@ def test_children_and_collect_walk_what_a_task_sent(app: Celeriac, worker: Worke
     # which may finish first: wait for it.
     assert c.parent is not None and c.parent.get(timeout=15) == 2
     assert c.parent.children == [c]  # the chain's next step
+
+
+def test_nesting_celery_supports(app: Celeriac, worker: WorkerProcess) -> None:
+    # A chord as a group member and in a chord's header: its body takes the place.
+    assert group(chord([t.add.s(1, 1), t.add.s(2, 2)], t.total.s()),
+                 t.add.s(5, 5)).apply_async().get(timeout=20) == [6, 10]
+    assert chord([chord([t.add.s(1, 1), t.add.s(2, 2)], t.total.s()), t.add.s(3, 3)],
+                 t.total.s()).apply_async().get(timeout=20) == 12
+    # A chain ending in a group as a group member: the group's results as one list.
+    assert group(t.add.si(1, 1), chain(t.add.si(5, 5), group(t.add.s(1), t.add.s(2)))
+                 ).apply_async().get(timeout=20) == [2, [11, 12]]
+    # A chain ending in a chord in a chord's header; a group after a group in a chain.
+    inner = chain(t.add.si(1, 1), chord([t.add.s(1), t.add.s(2)], t.total.s()))
+    assert chord([inner, t.add.si(0, 1)], t.total.s()).apply_async().get(timeout=20) == 8
+    grouped = chain(t.add.si(1, 1), group(t.add.s(1), t.add.s(2)),
+                    group(t.total.s(), t.total.s()), t.total.s())
+    assert grouped.apply_async().get(timeout=20) == 14

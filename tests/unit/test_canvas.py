@@ -410,8 +410,12 @@ def test_a_chord_sends_its_header_with_the_body_in_each_embed(app: Celeriac,
     assert saved is not None and [r.id for r in saved.results] == [
         m.headers["id"] for m in messages]
     assert isinstance(group(add.s(1, 1)) | mul.s(2), chord)
-    with pytest.raises(NotImplementedError, match="a group followed by another group"):
-        chain(add.s(1, 1), group(add.s(1, 1)), group(mul.s(2))).apply_async()
+    # A group after a group: a chord whose body is the second group (Celery's upgrade).
+    steps = chain(add.s(1, 1), group(add.s(1), add.s(2)), group(mul.s(2), mul.s(3)),
+                  add.s(3))._steps(None, None)
+    assert [type(s) for s in steps] == [Signature, chord]
+    assert isinstance(steps[1].body, chord) and isinstance(steps[1].body.header, group)
+    assert steps[1].body.body.task == add.name
     with pytest.raises(TypeError, match="cannot link a group"):
         group(add.s(1, 1)).apply_async(link=mul.s(2))
     e_add, e_mul, _ = tasks(eager)
@@ -562,3 +566,150 @@ def test_a_generator_header_is_published_member_by_member(app: Celeriac) -> None
     assert isinstance(res.parent, GroupResult) and len(res.parent.results) == 3
     unread = chord((add.s(i, i) for i in range(2)), add.s(0))
     assert len(unread.header.tasks) == 2  # any other use reads it whole
+
+
+# -- stamping (Celery's StampingVisitor) -----------------------------------------------------
+class _Stamp(celeriac.canvas.StampingVisitor):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_signature(self, sig: Signature, **headers: Any) -> dict[str, Any]:
+        self.calls.append(f"sig:{sig.task}")
+        return {"stamp": 42}
+
+    def on_group_start(self, group: Any, **headers: Any) -> dict[str, Any]:
+        self.calls.append("group")
+        return {}
+
+    def on_chain_start(self, chain: Any, **headers: Any) -> dict[str, Any]:
+        self.calls.append("chain")
+        return {}
+
+    def on_chord_body(self, sig: Any, **headers: Any) -> dict[str, Any]:
+        self.calls.append("body")
+        return {"in_body": True}
+
+    def on_callback(self, callback: Signature, **header: Any) -> dict[str, Any]:
+        return {"link": "cb"}
+
+
+def test_stamping_visits_every_signature_of_a_canvas(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    with pytest.raises(TypeError):
+        celeriac.canvas.StampingVisitor()  # type: ignore[abstract]  # on_signature needed
+    sig = add.si(1, 1)
+    sig.link(mul.s(2))
+    visitor = _Stamp()
+    sig.stamp(visitor)
+    assert sig.options["stamped_headers"] == ["stamp"] and sig.options["stamp"] == 42
+    link = sig.options["link"][0]
+    assert link.options["link"] == "cb" and link.options["stamp"] == 42
+    assert set(link.options["stamped_headers"]) == {"link", "stamp"}
+    canvas = chord([add.s(1, 1) | add.s(2), group(mul.s(2, 2))], add.s(5))
+    visitor = _Stamp()
+    canvas.stamp(visitor)
+    assert visitor.calls[:3] == ["group", "chain", "sig:t.add"] and "body" in visitor.calls
+    steps = canvas.tasks[0].tasks
+    assert all(s.options["stamp"] == 42 for s in (*steps, canvas.tasks[1].tasks[0]))
+    assert canvas.body.options["in_body"] is True and canvas.body.options["stamp"] == 42
+    # Stamps given as keywords, appended when asked: a stamp given twice becomes a list.
+    plain_sig = add.s(1, 1)
+    plain_sig.stamp(monitoring="a")
+    plain_sig.stamp(monitoring="b", append_stamps=True)
+    assert plain_sig.options["monitoring"] == ["b", "a"]
+    # A stamp is kept against a call's options of the same name.
+    assert plain_sig._merge((), {}, {"monitoring": "c", "queue": "q"})[2]["monitoring"] \
+        == ["b", "a"]
+
+
+def test_stamps_travel_as_celerys_headers(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    sig = add.si(1, 1)
+    sig.link(mul.s(2))
+    sig.stamp(_Stamp())
+    sig.apply_async()
+    (message,) = fetch_all(app)
+    assert message.headers["stamped_headers"] == ["stamp"]
+    assert message.headers["stamps"] == {"stamp": 42}
+    callback = body(message)[2]["callbacks"][0]  # a follow-up carries its own stamps
+    assert callback["options"]["stamp"] == 42
+    c = add.s(1, 1) | mul.s(2)
+    c.stamp(_Stamp())
+    c.apply_async()
+    (first,) = fetch_all(app)
+    assert first.headers["stamps"] == {"stamp": 42}
+    assert body(first)[2]["chain"][0]["options"]["stamped_headers"] == ["stamp"]
+
+
+# -- nested signature dicts ------------------------------------------------------------------
+def test_nested_canvases_rebuild_from_their_dicts(app: Celeriac) -> None:
+    add, _, _ = tasks(app)
+    shapes = [chain(chain([add.s()])), chain(group([add.s()])),
+              chain(chord([add.s()], add.s())), group(chain([add.s()])),
+              group(group([add.s()])), group(chord([add.s()], add.s())),
+              chord(chain([add.s()]), add.s()), chord(group([add.s()]), add.s()),
+              chord(chord([add.s()], add.s()), add.s())]
+
+    def walk(sig: Any) -> None:
+        assert isinstance(sig, Signature), sig
+        if isinstance(sig, (chain, group, chord)):
+            for member in sig.tasks:
+                walk(member)
+        if isinstance(sig, chord):
+            walk(sig.body)
+
+    for shape in shapes:
+        walk(Signature.from_dict(json.loads(json.dumps(shape)), app=app))
+    # One signature as a chord's header is a header of one; a task given bare is its call.
+    assert chord(add.si(42), add.s()).tasks == [add.si(42)]
+    assert chord([add, add], add.s()).tasks == [add.s(), add.s()]
+
+
+def test_nesting_shapes_celery_supports(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    # A group of one in a chain is its member (Celery's unrolling).
+    assert [s.task for s in chain(group(add.s(0, 0)), add.s(-1))._steps(None, None)] == [
+        add.name, add.name]
+    # A chain ending in a group, in a chord's header: its results as one list, counted
+    # once (a chord of its own whose body passes the list on).
+    steps, _ = chain(add.s(1, 1), group(add.s(1), add.s(2)))._freeze_steps(
+        None, None, {"group_id": "g", "chord": {"task": "t.mul"}})
+    assert isinstance(steps[-1], chord) and steps[-1].body.task == "celery.accumulate"
+    assert steps[-1].options["group_id"] == "g"
+    # A chord in a chord's header: its body takes the member's place in the outer chord.
+    outer = chord([chord([add.s(1, 1), add.s(2, 2)], mul.s(2)), add.s(3, 3)], add.s(0))
+    result = outer.apply_async()
+    messages = fetch_all(app)
+    inner_body = [m for m in messages if body(m)[2]["chord"]["task"] == mul.name]
+    assert len(inner_body) == 2  # the inner header's two tasks carry the inner body
+    carried = body(inner_body[0])[2]["chord"]
+    assert carried["options"]["group_id"] == result.parent.id
+    assert carried["options"]["chord"]["task"] == add.name
+    assert carried["options"]["task_id"] == result.parent.results[0].id
+
+
+def test_celery_chord_is_a_builtin_that_applies_a_chord(app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    assert "celery.chord" in app.tasks
+    body_id = app.tasks["celery.chord"](
+        json.loads(json.dumps(group(add.s(1, 1), add.s(2, 2)))),
+        json.loads(json.dumps(mul.s(2))))
+    messages = fetch_all(app)
+    assert len(messages) == 2
+    assert {body(m)[2]["chord"]["options"]["task_id"] for m in messages} == {body_id}
+
+
+def test_a_group_links_its_first_member_and_a_frozen_chain_has_its_last_tasks_id(
+        app: Celeriac) -> None:
+    add, mul, _ = tasks(app)
+    g = group(add.s(1, 1), add.s(2, 2))
+    g.link(mul.s(2))  # Celery's: once, on the first member, immutable
+    g.link_error(mul.si(0, 0))  # Celery's: on every member
+    assert [len(m.options.get("link") or ()) for m in g.tasks] == [1, 0]
+    assert g.tasks[0].options["link"][0].immutable
+    assert [len(m.options["link_error"]) for m in g.tasks] == [1, 1]
+    last = mul.s(2).set(task_id="42")
+    c = add.s(4) | last
+    assert c.id is None
+    c.freeze(last.id)
+    assert c.id == "42"

@@ -26,7 +26,7 @@ def disposition(name: str) -> str:
         return "implemented"
     if name in CONVERTED:
         return "converted"
-    if name in HARMLESS:
+    if name in HARMLESS or name.startswith(config_module.OTHER_SERVICES):
         return "harmless"
     if name in REFUSED or name.startswith(BACKEND_PREFIXES):
         return "refused"
@@ -172,8 +172,61 @@ def test_app_conf_reads_and_changes_until_finalized() -> None:
     assert (app.settings.worker_concurrency, app.conf.get("task_default_priority")) == (2, 3)
     assert "broker_url" in app.conf and app.conf.get("nope", 1) == 1
     app.finalize()
-    with pytest.raises(ConfigurationError, match="frozen once it is finalized"):
-        app.conf.task_default_queue = "other"
+    # Celery allows changes after finalize: they take effect for what reads per call.
+    app.conf.task_default_queue = "other"
+    assert app.routing.route("any.task") == "other"
+    with pytest.raises(ConfigurationError, match="task_serializer: unknown serializer"):
+        app.conf.task_serializer = "yaml"
+    app.transport  # noqa: B018 - connected: the connection settings are fixed now
+    with pytest.raises(ConfigurationError, match="broker_url cannot change once the app "
+                                                 "has connected"):
+        app.conf.broker_url = "memory://elsewhere"
+    app.conf.broker_url = "memory://conf"  # the same value is no change
+    app.close()
+    app.conf.broker_url = "memory://elsewhere"  # closed: the next connection uses it
+    app.close()
+
+
+def test_settings_of_services_celeriac_lacks_are_harmless_and_read_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("cassandra_servers", "cassandra_keyspace"):
+        config_module._warned.discard(name)
+    app = Celeriac("svc", broker="memory://svc")
+    with caplog.at_level(logging.WARNING, logger="celeriac.config"):
+        app.conf.update(cassandra_servers=["localhost"], cassandra_keyspace="tests")
+        app.conf.update(cassandra_servers=["other"])
+    lines = [r.getMessage() for r in caplog.records if "cassandra" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "cassandra_servers, cassandra_keyspace" in lines[0]
+    assert "have no effect in celeriac" in lines[0]
+    assert app.conf.cassandra_servers == ["other"] and app.conf["cassandra_keyspace"] == "tests"
+    # Unset harmless names read Celery's default; they are part of the table once set.
+    assert app.conf.worker_hijack_root_logger is True
+    assert "cassandra_servers" in app.conf.table() and "cassandra_servers" in app.conf
+    # Asking to use the service is the error, naming its scheme.
+    app.conf.result_backend = "cassandra://"
+    with pytest.raises(ConfigurationError, match="unknown result backend URL scheme "
+                                                 "'cassandra'"):
+        app.backend  # noqa: B018
+    # database_* configure the SQLAlchemy backend's tables, which db+postgresql:// has.
+    with pytest.raises(ConfigurationError, match=r"database_table_names=.* not supported"):
+        app.conf.database_table_names = {"task": "mine"}
+    app.close()
+
+
+def test_conf_update_after_finalize_reaches_the_producer() -> None:
+    app = Celeriac("late", broker="memory://late")
+
+    @app.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    app.finalize()
+    app.conf.task_allow_error_cb_on_chord_header = True  # the suite flips it per test
+    assert app.conf.task_allow_error_cb_on_chord_header is True
+    app.conf.task_always_eager = True
+    assert add.delay(2, 3).get() == 5  # eager now: nothing sent
+    app.conf.task_always_eager = False
     app.close()
 
 

@@ -14,9 +14,11 @@ each), every message with the group's id in its ``group`` header and its place i
 ``group_index``. A chord is a group whose members count themselves done in the result backend; the
 count that completes it sends the body.
 
-``signature.py``: ``Signature`` and sending one; ``workflows.py``: ``chain``, ``group``,
-``chord``; ``builtins.py``: map, starmap, chunks and the ``celery.map``,
-``celery.starmap`` and ``celery.chord_unlock`` tasks every app registers;
+``signature.py``: ``Signature``, sending one and stamping (``StampingVisitor``: stamps
+are options, sent as Celery's ``stamped_headers``/``stamps`` headers); ``workflows.py``:
+``chain``, ``group``, ``chord`` and how they nest; ``builtins.py``: map, starmap, chunks
+and the ``celery.map``, ``celery.starmap``, ``celery.chord_unlock``, ``celery.chord``
+and ``celery.accumulate`` tasks every app registers;
 ``followups.py``: what a worker sends after a task ran (the rest of a chain, callbacks,
 errbacks, a chord's count and body).
 
@@ -26,8 +28,8 @@ The canvas sits below the task class (``celeriac.tasks`` imports it for ``Task.s
 
 from ..result import GroupResult
 from .builtins import chunks, register_builtins, xmap, xstarmap
-from .signature import Signature, maybe_signature, signature
+from .signature import Signature, StampingVisitor, maybe_signature, signature
 from .workflows import chain, chord, group
 
-__all__ = ["GroupResult", "Signature", "chain", "chord", "chunks",
+__all__ = ["GroupResult", "Signature", "StampingVisitor", "chain", "chord", "chunks",
            "group", "maybe_signature", "register_builtins", "signature", "xmap", "xstarmap"]

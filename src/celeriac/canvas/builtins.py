@@ -17,7 +17,7 @@ from ..errors import MaxRetriesExceededError
 from ..result import GroupResult, tuple_id
 from . import followups
 from .signature import Signature, maybe_signature, signature
-from .workflows import group
+from .workflows import chord, group
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 def register_builtins(app: Celeriac) -> None:
-    """Register ``celery.map``, ``celery.starmap`` and ``celery.chord_unlock`` on ``app``.
+    """Register ``celery.map``, ``celery.starmap``, ``celery.accumulate``,
+    ``celery.chord_unlock`` and ``celery.chord`` on ``app``.
     The first two get the member task as a signature dict and call it once per item,
     here, in the one worker task (Celery's: the member's own partial arguments and
     options are not used)."""
@@ -41,8 +42,43 @@ def register_builtins(app: Celeriac) -> None:
 
     app._register(xmap, {"name": "celery.map"})
     app._register(xstarmap, {"name": "celery.starmap"})
+    app._register(_accumulate, {"name": "celery.accumulate"})
     app._register(_unlock_chord(app), {"name": "celery.chord_unlock", "bind": True,
                                        "max_retries": None, "ignore_result": True})
+    app._register(_apply_chord(app), {"name": "celery.chord"})
+
+
+def _apply_chord(app: Celeriac) -> Callable[..., Any]:
+    """Celery's ``celery.chord``: a chord sent as a task by name (``header`` a group's
+    dict or a list of signature dicts, ``body`` a signature dict) is applied here, its
+    header given ``partial_args``; returns the body's id. The chord's own options
+    (``kwargs``, as Celery's ``chord.run`` takes them) go to the chord."""
+
+    def apply_chord(header: Any, body: dict[str, Any], partial_args: Sequence[Any] = (),
+                    interval: float | None = None, countdown: float = 1,
+                    max_retries: int | None = None, eager: bool = False,
+                    **kwargs: Any) -> str:
+        tasks = header.get("kwargs", {}).get("tasks", []) \
+            if isinstance(header, Mapping) and header.get("subtask_type") == "group" \
+            else header
+        members = group([maybe_signature(s, app) for s in tasks], app=app)
+        options = {k: v for k, v in kwargs.items() if k in _CHORD_OPTIONS}
+        return chord(members, maybe_signature(body, app), app=app).apply_async(
+            tuple(partial_args), **options).id
+
+    return apply_chord
+
+
+_CHORD_OPTIONS = frozenset({"task_id", "queue", "priority", "root_id", "parent_id",
+                            "link", "link_error"})
+"""The options ``celery.chord`` passes on to the chord it applies."""
+
+
+def _accumulate(*args: Any, **kwargs: Any) -> Any:
+    """Celery's ``celery.accumulate`` (the body ``Task.replace`` gives a group it is
+    replaced with): its ``index``-th argument, else all of them."""
+    index = kwargs.get("index")
+    return args[index] if index is not None else args
 
 
 def _unlock_chord(app: Celeriac) -> Callable[..., None]:

@@ -32,8 +32,9 @@ from .. import states
 from ..errors import ChordError, DecodeError
 from ..producer import SendOptions, build
 from ..protocol import new_id, parse_time
-from ..result import GroupResult
-from .signature import Signature
+from ..result import AsyncResult, GroupResult
+from ..runtime import request as _runtime_request
+from .signature import Signature, plain, stamp_headers
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -126,7 +127,7 @@ def on_failure(app: Celeriac, request: Request, exc: BaseException, traceback: s
     _fail_steps(app, embed.get("chain") or (), exc, lineage)
     for errback in embed.get("errbacks") or ():
         task = app.tasks.get(errback["task"])
-        if task is not None and _takes_request(task):
+        if task is not None and takes_request(task):
             try:
                 task(request, exc, traceback)
             except Exception:
@@ -150,6 +151,28 @@ def chord_part(app: Celeriac, request: Request, part: Stored, body: Mapping[str,
         logger.info("Task %s[%s] completed chord %s: sending its body %s", request.task,
                     request.id, group_id, body["task"])
         _fire(app, group_id, body, _lineage(request))
+
+
+def defer_part(app: Celeriac, request: Request, retval: Any, body: Mapping[str, Any],
+               additions: Sequence[Signature]) -> None:
+    """Send what a header task added to its chord (``Task.add_to_chord``, whose ids are
+    among the chord's members already) as a chord of their own, whose body
+    (``celery.accumulate``, returning ``retval``) takes the task's id and place: so the
+    task's part is counted only once its additions have run, and the chord waits for
+    them."""
+    stand_in = Signature("celery.accumulate", (retval,), {"index": 1}, app=app,
+                         task_id=request.id, chord=dict(body), group_id=request.group,
+                         group_index=request.group_index)
+    carried = {**plain(stand_in), "chord_size": len(additions)}
+    sub_id = new_id()
+    results: list[AsyncResult[Any]] = []
+    for index, sig in enumerate(additions):
+        target = sig["kwargs"]["body"] if sig.get("subtask_type") == "chord" else sig
+        target.options.update(chord=carried, group_id=sub_id, group_index=index)
+        results.append(AsyncResult(target.options["task_id"], app))
+    GroupResult(sub_id, results, app).save()  # before any can finish
+    for sig in additions:
+        sig.apply_async()
 
 
 def _fire(app: Celeriac, group_id: str, body: Mapping[str, Any],
@@ -186,11 +209,14 @@ CLAIM_HEADER = "celeriac_chord_claim"
 """A chord body's header: which publish of the body this message is."""
 
 
-def claimed(app: Celeriac, task_id: str, claim: str) -> bool:
+def claimed(app: Celeriac, task_id: str, claim: str, nesting: int = 0) -> bool:
     """Whether this message of a chord body may run: the first copy to ask claims the
     body's id (its redeliveries keep the claim); a second copy, sent by a re-run of the
-    task that completed the chord, is not run. The claim is counted as a chord of one."""
-    return app.backend.chord_part(f"chord-body:{task_id}", claim, 1)
+    task that completed the chord, is not run. The claim is counted as a chord of one.
+    ``nesting``: the message's ``replaced_task_nesting``; a chord body that replaced one
+    (``Task.replace``) has that body's id, and a claim of its own."""
+    key = f"chord-body:{task_id}:{nesting}" if nesting else f"chord-body:{task_id}"
+    return app.backend.chord_part(key, claim, 1)
 
 
 def fail_body(app: Celeriac, body: Mapping[str, Any], lineage: Mapping[str, Any],
@@ -206,6 +232,19 @@ def _fail(app: Celeriac, body: Mapping[str, Any], body_id: str | None,
     if body_id:
         app.backend.store(body_id, states.FAILURE, error)
         for errback in (body.get("options") or {}).get("link_error") or ():
+            task = app.tasks.get(errback["task"])
+            if task is not None and takes_request(task):
+                # Celery's new-style errback, called here with the body's request.
+                try:
+                    task(_runtime_request.Request(
+                        id=body_id, task=body["task"], args=body.get("args") or (),
+                        kwargs=body.get("kwargs") or {}, called_directly=False,
+                        root_id=lineage.get("root_id"), parent_id=lineage.get("parent_id")),
+                        error, None)
+                except Exception:
+                    logger.exception("chord body %s[%s]: errback %s failed", body["task"],
+                                     body_id, errback["task"])
+                continue
             send(app, errback, (body_id,), lineage)
     _fail_steps(app, (body.get("options") or {}).get("chain") or (), error, lineage)
 
@@ -260,7 +299,8 @@ def _exception_text(data: Any) -> str:
     return repr(data)
 
 
-def _takes_request(task: Task[Any, Any]) -> bool:
+def takes_request(task: Task[Any, Any]) -> bool:
+    """Whether an errback task takes Celery's new-style ``(request, exc, traceback)``."""
     try:
         params = list(inspect.signature(task.fn).parameters.values())
     except (TypeError, ValueError):
@@ -286,7 +326,8 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
         return [((group_id, None), members)] if group_id else members
     if kind == "chain":
         steps = list(sig["kwargs"]["tasks"])
-        rest = list(reversed(steps[1:])) + list(chain or [])
+        # Last step first: this chain's steps run before the rest of the outer chain.
+        rest = list(chain or []) + list(reversed(steps[1:]))
         return send(app, steps[0], prefix, lineage, chain=rest)
     if kind == "chord":
         # The header gets the previous result, the body the rest of the chain (Celery's
@@ -346,7 +387,8 @@ def _send_options(app: Celeriac, name: str, options: Mapping[str, Any],
     return SendOptions(
         countdown=countdown, eta=eta, expires=expires, queue=options.get("queue"),
         routing_key=options.get("routing_key"), priority=options.get("priority"),
-        task_id=options.get("task_id"), headers=options.get("headers") or None,
+        task_id=options.get("task_id"),
+        headers={**(options.get("headers") or {}), **stamp_headers(options)} or None,
         serializer=options.get("serializer"),
         compression=options.get("compression") or _task_compression(app, name),
         time_limit=options.get("time_limit"), soft_time_limit=options.get("soft_time_limit"),

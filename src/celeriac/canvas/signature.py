@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import builtins
 import copy
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,93 @@ Result = AsyncResult[Any] | GroupResult
 """What applying a canvas returns: a group's is a ``GroupResult``."""
 KEYS = ("task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size")
 """A signature dict's keys, as Celery writes them."""
+IMMUTABLE_OPTIONS = frozenset({"group_id", "stamped_headers"})
+"""Options a call's options never replace in a signature that has them (Celery's)."""
+
+
+class StampingVisitor(abc.ABC):
+    """Celery's stamping API: ``sig.stamp(visitor)`` walks a canvas and calls these; the
+    headers each returns are stamped on the signatures below it (as options: the
+    ``stamped_headers`` list and one option per stamp) and travel as the message's
+    ``stamped_headers`` and ``stamps`` headers. Only ``on_signature`` is required."""
+
+    def on_group_start(self, group: Any, **headers: Any) -> dict[str, Any]:
+        return {}
+
+    def on_group_end(self, group: Any, **headers: Any) -> None:
+        pass
+
+    def on_chain_start(self, chain: Any, **headers: Any) -> dict[str, Any]:
+        return {}
+
+    def on_chain_end(self, chain: Any, **headers: Any) -> None:
+        pass
+
+    @abc.abstractmethod
+    def on_signature(self, sig: Signature, **headers: Any) -> dict[str, Any]:
+        """The stamps for ``sig`` (a task's signature)."""
+
+    def on_chord_header_start(self, sig: Any, **header: Any) -> dict[str, Any]:
+        return self.on_group_start(sig.header, **header)
+
+    def on_chord_header_end(self, sig: Any, **header: Any) -> None:
+        self.on_group_end(sig.header, **header)
+
+    def on_chord_body(self, sig: Any, **header: Any) -> dict[str, Any]:
+        return {}
+
+    def on_callback(self, callback: Signature, **header: Any) -> dict[str, Any]:
+        return {}
+
+    def on_errback(self, errback: Signature, **header: Any) -> dict[str, Any]:
+        return {}
+
+
+def merge_stamps(d1: dict[str, Any], d2: Mapping[str, Any] | None,
+                 aggregate_duplicates: bool = True) -> None:
+    """Merge ``d2`` into ``d1`` (Celery's ``_merge_dictionaries``): dicts recursively,
+    lists extended; another duplicate becomes a list of both with
+    ``aggregate_duplicates``, else keeps ``d1``'s value (as Celery's code does)."""
+    if not d2:
+        return
+    for key, value in d1.items():
+        if key not in d2:
+            continue
+        if isinstance(value, dict):
+            merge_stamps(value, d2[key], aggregate_duplicates)
+            continue
+        if isinstance(value, (int, float, str)):
+            d1[key] = [value] if aggregate_duplicates else value
+        if isinstance(d2[key], list) and isinstance(d1[key], list):
+            d1[key].extend(d2[key])
+        elif aggregate_duplicates:
+            d1[key] = [] if d1[key] is None else list(d1[key])
+            d1[key].append(d2[key])
+    for key, value in d2.items():
+        if key not in d1:
+            d1[key] = value
+
+
+def stamp_headers(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A signature's stamps as the message headers Celery sends them in:
+    ``{"stamped_headers": [names], "stamps": {name: value}}``; ``{}`` when unstamped."""
+    names = options.get("stamped_headers")
+    if not names:
+        return {}
+    names = [names] if isinstance(names, str) else list(names)
+    return {"stamped_headers": names, "stamps": {n: options.get(n) for n in names}}
+
+
+def pop_stamps(options: dict[str, Any]) -> None:
+    """Move a send's stamps from its options into its ``headers`` option (where the
+    producer puts every extra header), as Celery's ``send_task`` takes them out."""
+    found = stamp_headers(options)
+    options.pop("stamped_headers", None)
+    if not found:
+        return
+    for name in found["stamped_headers"]:
+        options.pop(name, None)
+    options["headers"] = {**(options.get("headers") or {}), **found}
 
 
 class Signature(dict[str, Any]):
@@ -146,7 +234,15 @@ class Signature(dict[str, Any]):
                ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
         """Partial application: args prepended, kwargs and options merged over this
         signature's; an immutable signature keeps its own arguments."""
-        opts = {**self.options, **options} if options else dict(self.options)
+        if options:
+            # Stamps are kept against the call's options (Celery's ``_IMMUTABLE_OPTIONS``
+            # and the stamped headers): only a stamp this signature lacks is added.
+            stamped = self.options.get("stamped_headers")
+            keep = IMMUTABLE_OPTIONS.union(stamped) if stamped else IMMUTABLE_OPTIONS
+            opts = {**self.options, **{k: v for k, v in options.items()
+                                       if k not in keep or k not in self.options}}
+        else:
+            opts = dict(self.options)
         if self.immutable:
             return self.args, dict(self.kwargs), opts
         return ((*args, *self.args) if args else self.args,
@@ -195,6 +291,58 @@ class Signature(dict[str, Any]):
         chains: ``add.s(2, 2).on_error(log_error.s()).delay()`` sends ``add``."""
         self.link_error(errback)
         return self
+
+    # -- stamping (Celery 5.3+) ---------------------------------------------------------
+    def _stamp_headers(self, visitor_headers: dict[str, Any] | None = None,
+                       append_stamps: bool = False, self_headers: bool = True,
+                       **headers: Any) -> dict[str, Any]:
+        """The stamps from the visitor, ``headers`` and (``self_headers``) this
+        signature's own, merged, with their names in ``stamped_headers`` (Celery's)."""
+        headers = dict(headers)
+        headers.setdefault("stamped_headers", list(headers))
+        if visitor_headers is not None:
+            visitor_headers = dict(visitor_headers)
+            visitor_headers.setdefault("stamped_headers", list(visitor_headers))
+            merge_stamps(headers, visitor_headers, aggregate_duplicates=append_stamps)
+            headers["stamped_headers"] = _unique(headers["stamped_headers"])
+        if self_headers:
+            names = _unique([*headers.get("stamped_headers", ()),
+                             *_as_list(self.options.get("stamped_headers"))])
+            headers["stamped_headers"] = names
+            own = {k: v for k, v in self.options.items() if k in names}
+            merge_stamps(headers, own, aggregate_duplicates=append_stamps)
+            headers["stamped_headers"] = _unique(headers["stamped_headers"])
+        return headers
+
+    def stamp(self, visitor: StampingVisitor | None = None, append_stamps: bool = False,
+              **headers: Any) -> Self:
+        """Stamp this signature (and its callbacks and errbacks) with ``headers`` and
+        what ``visitor.on_signature`` returns; ``append_stamps`` keeps both values of a
+        stamp given twice, as a list. The stamps travel as the message's
+        ``stamped_headers`` and ``stamps`` headers (``request.stamps``)."""
+        self.stamp_links(visitor, append_stamps, **headers)
+        visitor_headers = None
+        if visitor is not None:
+            visitor_headers = visitor.on_signature(self, **headers) or {}
+        return self.set(**self._stamp_headers(visitor_headers, append_stamps, **headers))
+
+    def stamp_links(self, visitor: StampingVisitor | None, append_stamps: bool = False,
+                    **headers: Any) -> None:
+        """Stamp this signature's callbacks (``on_callback``) and errbacks
+        (``on_errback``), not with this signature's own stamps."""
+        for key, hook in (("link", "on_callback"), ("link_error", "on_errback")):
+            found = self.options.get(key)
+            if not found:
+                continue
+            links = [maybe_signature(s, self._app) for s in _as_list(found)]
+            self.options[key] = links
+            stamps = copy.deepcopy(headers)
+            for link in links:
+                visitor_headers = None
+                if visitor is not None:
+                    visitor_headers = getattr(visitor, hook)(link, **stamps) or {}
+                stamps = self._stamp_headers(visitor_headers, append_stamps, False, **stamps)
+                link.stamp(visitor, append_stamps, **stamps)
 
     def _append_option(self, key: str, value: Mapping[str, Any]) -> Signature:
         sig = maybe_signature(value, self._app)
@@ -277,6 +425,7 @@ class Signature(dict[str, Any]):
             o.pop("retry", None)
             o.pop("retry_policy", None)
         embed = _pop_embed(o)
+        pop_stamps(o)
         return SendOptions.from_mapping("apply_async", o, embed)
 
     def _outgoing(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
@@ -303,6 +452,10 @@ class Signature(dict[str, Any]):
 
 def _rebuild(d: dict[str, Any]) -> Signature:
     return Signature.from_dict(d)
+
+
+def _unique(names: Any) -> list[Any]:
+    return list(dict.fromkeys(_as_list(names)))
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -10,6 +10,7 @@ from ..result import AsyncResult, GroupResult
 from .signature import (
     Result,
     Signature,
+    StampingVisitor,
     _as_list,
     maybe_signature,
     plain,
@@ -26,9 +27,24 @@ GROUP_CHUNK = 1000
 
 def _members(tasks: tuple[Any, ...], app: Celeriac | None) -> list[Signature]:
     # chain(a, b) and chain([a, b]) (and a generator) alike, as Celery.
-    if len(tasks) == 1 and not isinstance(tasks[0], Mapping):
+    if len(tasks) == 1 and not isinstance(tasks[0], Mapping) and not _is_task(tasks[0]):
         tasks = tuple(tasks[0])
-    return [maybe_signature(t, app) for t in tasks]
+    return [_as_signature(t, app) for t in tasks]
+
+
+def _is_task(value: Any) -> bool:
+    """A task or a shared-task proxy, told by what it has (the canvas never imports the
+    task class)."""
+    return isinstance(getattr(value, "name", None), str) and hasattr(value, "apply_async")
+
+
+def _as_signature(value: Any, app: Celeriac | None) -> Signature:
+    """A member as a signature: a signature or its dict, or a task (or a shared-task
+    proxy) given bare, which stands for its call without arguments (Celery's
+    ``signature(task)``)."""
+    if not isinstance(value, Mapping) and _is_task(value):
+        return Signature(value, app=app)
+    return maybe_signature(value, app)
 
 
 def _app_of(members: list[Signature], app: Celeriac | None) -> Celeriac | None:
@@ -59,6 +75,19 @@ class chain(Signature):
     def __repr__(self) -> str:
         return " | ".join(map(repr, self.tasks)) or "chain(<empty>)"
 
+    def stamp(self, visitor: StampingVisitor | None = None,  # type: ignore[override]
+              append_stamps: bool = False, **headers: Any) -> None:
+        """Stamp every step (and the chain's links), as Celery's ``chain.stamp``."""
+        visitor_headers = None
+        if visitor is not None:
+            visitor_headers = visitor.on_chain_start(self, **headers) or {}
+        headers = self._stamp_headers(visitor_headers, append_stamps, **headers)
+        self.stamp_links(visitor, **headers)
+        for task in self.tasks:
+            task.stamp(visitor, append_stamps, **headers)
+        if visitor is not None:
+            visitor.on_chain_end(self, **headers)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Result:
         return self.apply_async(args, kwargs)
 
@@ -72,6 +101,9 @@ class chain(Signature):
             step = pending.pop(0)
             if isinstance(step, chain):
                 pending[:0] = step.tasks
+            elif isinstance(step, group) and len(step.tasks) == 1:
+                # A group of one is its member (Celery's maybe_unroll_group).
+                pending.insert(0, step.tasks[0].clone())
             else:
                 steps.append(step._unrolled())
         if not steps:
@@ -79,14 +111,14 @@ class chain(Signature):
         if args or kwargs or self.args:
             steps[0] = steps[0].clone((*(args or ()), *self.args), kwargs)
         # A group followed by a step is a chord whose body is that step (Celery's
-        # upgrade): the step waits for all the members and gets the list of results.
+        # upgrade): the step waits for all the members and gets the list of results. A
+        # group after a group is a chord whose body is the second group (each of its
+        # members gets the list), and what follows waits for that one.
         upgraded: list[Signature] = []
         for step in steps:
-            if upgraded and isinstance(upgraded[-1], group):
-                if isinstance(step, group):
-                    raise NotImplementedError("a group followed by another group in a "
-                                              "chain is not supported: put a task between")
-                upgraded[-1] = chord(upgraded[-1], step, app=self._app)
+            joined = _upgrade(upgraded[-1], step, self._app) if upgraded else None
+            if joined is not None:
+                upgraded[-1] = joined
             else:
                 upgraded.append(step)
         return upgraded
@@ -101,6 +133,12 @@ class chain(Signature):
         last_id = options.pop("task_id", None)
         group_id, group_index = options.pop("group_id", None), options.pop("group_index", None)
         chord_body = options.pop("chord", None)
+        if (group_id is not None or chord_body is not None) and isinstance(steps[-1], group):
+            # A chain ending in a group, as a group member or in a chord's header: the
+            # group's results, as one list, are the member's (Celery's nested result),
+            # collected by a chord of its own whose body passes the list on.
+            steps[-1] = chord(steps[-1], Signature("celery.accumulate", kwargs={"index": 0},
+                                                   app=self._app), app=self._app)
         links, errbacks = options.pop("link", None), options.pop("link_error", None)
         first = steps[0].freeze(last_id if len(steps) == 1 else None,
                                 root_id=options.get("root_id"),
@@ -123,10 +161,8 @@ class chain(Signature):
             results.append(res)
         if group_id is not None or chord_body is not None:
             # A chain in a group or a chord's header: its last step is the member the
-            # group waits for and the one counted in the chord (as Celery).
-            if isinstance(steps[-1], (group, chord)):
-                raise NotImplementedError("a chain that ends in a group or a chord cannot "
-                                          "be a group member or a chord header task")
+            # group waits for and the one counted in the chord (as Celery); a chord there
+            # gives that place to its body (chord.apply_async).
             steps[-1].set(group_id=group_id, group_index=group_index)
             if chord_body is not None:
                 steps[-1].set(chord=chord_body)
@@ -144,8 +180,8 @@ class chain(Signature):
         opts = {**self.options, **options}
         steps, results = self._freeze_steps(args, kwargs, opts)
         if isinstance(steps[0], (group, chord)):
-            raise NotImplementedError("a chain that starts with a group or a chord cannot "
-                                      "be a group member: apply it on its own")
+            raise ValueError("a chain that starts with a group or a chord is no one "
+                             "message: apply it (group and chord members are)")
         # Celery's wire format: remaining steps last-first, the worker pops the next off
         # the end; a chain already in the options (this chain sent as a step) runs after.
         rest = [plain(s) for s in reversed(steps[1:])]
@@ -163,10 +199,11 @@ class chain(Signature):
         opts = {**self.options, **options}
         retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
         steps = self._steps(None, None)
-        if len(steps) == 1 and isinstance(steps[0], group):
+        member = opts.get("group_id") is not None or opts.get("chord") is not None
+        if len(steps) == 1 and isinstance(steps[0], group) and not member:
             return steps[0].apply_async(args, kwargs, retry=retry, retry_policy=policy,
                                         **opts)
-        if isinstance(steps[0], chord):
+        if isinstance(steps[0], (group, chord)):  # a group here is a member's: a chord
             # A chord has no one message to carry the chain: the rest of the chain rides
             # on its body (as Celery), which the header's last task sends.
             frozen, results = self._freeze_steps(args, kwargs, opts)
@@ -197,6 +234,8 @@ class chain(Signature):
             opts["task_id"] = task_id
         steps, results = self._freeze_steps(None, None, opts)
         self.kwargs["tasks"] = steps
+        # The chain's id is its last task's (Celery's: ``c.freeze(); c.id``).
+        self.options["task_id"] = results[-1].id
         return results[-1]
 
 
@@ -224,8 +263,35 @@ class group(Signature):
     def __len__(self) -> int:  # Celery's: the number of members
         return len(self.tasks)
 
+    def link(self, callback: Mapping[str, Any]) -> Signature:
+        """Celery's ``group.link``: the callback, made immutable, is linked to the first
+        member only (it runs once, when that member succeeds: not after the whole group;
+        for that, make it a chord's body: ``group(...) | callback``)."""
+        sig = maybe_signature(callback, self._app).clone().set(immutable=True)
+        return self.tasks[0].link(sig)
+
+    def link_error(self, errback: Mapping[str, Any]) -> Signature:
+        """Celery's ``group.link_error``: linked to every member (any may fail, so it may
+        run more than once)."""
+        sig = maybe_signature(errback, self._app)
+        linked = [member.link_error(sig.clone()) for member in self.tasks]
+        return linked[0] if linked else sig
+
     def __repr__(self) -> str:
         return f"group({self.tasks!r})"
+
+    def stamp(self, visitor: StampingVisitor | None = None,  # type: ignore[override]
+              append_stamps: bool = False, **headers: Any) -> None:
+        """Stamp every member (and the group's links), as Celery's ``group.stamp``."""
+        visitor_headers = None
+        if visitor is not None:
+            visitor_headers = visitor.on_group_start(self, **headers) or {}
+        headers = self._stamp_headers(visitor_headers, append_stamps, **headers)
+        self.stamp_links(visitor, append_stamps, **headers)
+        for task in self.tasks:
+            task.stamp(visitor, append_stamps, **headers)
+        if visitor is not None:
+            visitor.on_group_end(self, **headers)
 
     def __call__(self, *args: Any, **options: Any) -> Result:
         return self.apply_async(args, **options)
@@ -254,16 +320,22 @@ class group(Signature):
         group_id = opts.pop("task_id", None) or new_id()
         retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
         results: list[AsyncResult[Any]] = []
+        applied: list[tuple[Signature, dict[str, Any]]] = []
 
         def messages() -> Iterator[Outgoing]:
             for index, member in enumerate(self._flat()):
-                item, res = member._outgoing(
-                    args, kwargs, {**opts, "group_id": group_id, "group_index": index})
+                member_opts = {**opts, "group_id": group_id, "group_index": index}
+                if _applied(member):
+                    results.append(_defer(member, member_opts, applied, self.app))
+                    continue
+                item, res = member._outgoing(args, kwargs, member_opts)
                 results.append(res)  # type: ignore[arg-type]  # groups were flattened
                 yield item
 
         self.app.publish_prepared(messages(), chunk_size=GROUP_CHUNK, retry=retry,
                                   retry_policy=policy)
+        for member, member_opts in applied:
+            member.apply_async(args, kwargs, retry=retry, retry_policy=policy, **member_opts)
         return GroupResult(group_id, results, self.app)
 
     def apply(self, args: Sequence[Any] | None = None,  # type: ignore[override]
@@ -303,6 +375,14 @@ class chord(Signature):
         # slow to make starts running before it is all made); until the chord is sent,
         # or used any other way, it is not read.
         self._stream: Iterator[Any] | None = header if isinstance(header, Iterator) else None
+        if isinstance(header, Mapping) and not isinstance(header, group):
+            # One signature (a chain, a chord, a task's) or its dict: a header of one
+            # (Celery's ``_maybe_group``); a group's dict is that group.
+            header = maybe_signature(header, app)
+            if not isinstance(header, group):
+                header = [header]
+        elif _is_task(header):
+            header = [header]
         members = header if isinstance(header, group) else group(
             [] if self._stream is not None else list(header), app=app)
         body_sig = maybe_signature(body, app) if body is not None else None
@@ -346,6 +426,36 @@ class chord(Signature):
         return header
 
     @property
+    def tasks(self) -> list[Signature]:
+        """The header's tasks (Celery's name for them)."""
+        return self.header.tasks
+
+    @tasks.setter
+    def tasks(self, value: Any) -> None:
+        self._stream = None
+        self.kwargs["header"] = value if isinstance(value, group) else group(
+            list(value), app=self._app)
+
+    def stamp(self, visitor: StampingVisitor | None = None,  # type: ignore[override]
+              append_stamps: bool = False, **headers: Any) -> None:
+        """Stamp the header's tasks, the chord's links, and the body (with what
+        ``on_chord_body`` adds), as Celery's ``chord.stamp``."""
+        visitor_headers = None
+        if visitor is not None:
+            visitor_headers = visitor.on_chord_header_start(self, **headers) or {}
+        headers = self._stamp_headers(visitor_headers, append_stamps, **headers)
+        self.stamp_links(visitor, append_stamps, **headers)
+        for task in self.tasks:
+            task.stamp(visitor, append_stamps, **dict(headers))
+        if visitor is not None:
+            visitor.on_chord_header_end(self, **headers)
+            body = self.kwargs["body"]
+            if body is not None:
+                visitor_headers = visitor.on_chord_body(self, **headers) or {}
+                headers = self._stamp_headers(visitor_headers, append_stamps, **headers)
+                body.stamp(visitor, append_stamps, **headers)
+
+    @property
     def body(self) -> Signature:
         body: Signature | None = self.kwargs["body"]
         if body is None:
@@ -363,9 +473,15 @@ class chord(Signature):
         opts = {**self.options, **options}
         retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
         body = self.body.clone()
-        for key in ("link", "link_error", "chain"):  # they belong to the body
+        # They belong to the body: its callbacks, the rest of a chain, and the chord's
+        # place in a group or in an outer chord's header (the body's result is its).
+        for key in ("chain", "group_id", "group_index", "chord"):
             if key in opts:
                 body.options[key] = opts.pop(key)
+        for callback in _as_list(opts.pop("link", None)):
+            body.link(callback)  # a group body: on its first member (Celery's)
+        for errback in _as_list(opts.pop("link_error", None)):
+            body.link_error(errback)  # a group body: on every member
         body_result = body.freeze(opts.pop("task_id", None))
         if self._stream is not None:
             return self._send_streamed(body, body_result, args, kwargs, opts, retry, policy)
@@ -378,12 +494,16 @@ class chord(Signature):
         carried = plain(body)
         results: list[AsyncResult[Any]] = []
         items = []
+        applied: list[tuple[Signature, dict[str, Any]]] = []
         for index, member in enumerate(members):
-            if isinstance(member, chord):
-                raise NotImplementedError("a chord in a chord's header is not supported: "
-                                          "make it a chain's last step or its own chord")
-            item, res = member._outgoing(args, kwargs, {
-                **opts, "group_id": group_id, "group_index": index, "chord": carried})
+            member_opts = {**opts, "group_id": group_id, "group_index": index,
+                           "chord": carried}
+            if _applied(member):
+                # A chord (or a chain starting with a group or one) in the header: what
+                # ends it is counted in this chord (a chord's body, with its place).
+                results.append(_defer(member, member_opts, applied, self.app))
+                continue
+            item, res = member._outgoing(args, kwargs, member_opts)
             results.append(res)  # type: ignore[arg-type]  # a chain's is its last step's
             items.append(item)
         header_result = GroupResult(group_id, results, self.app)
@@ -394,6 +514,8 @@ class chord(Signature):
             items.append(self._unlock(group_id, carried, header_result))
         self.app.publish_prepared(items, chunk_size=GROUP_CHUNK, retry=retry,
                                   retry_policy=policy)
+        for member, member_opts in applied:
+            member.apply_async(args, kwargs, retry=retry, retry_policy=policy, **member_opts)
         _under(body_result, header_result)
         return body_result
 
@@ -409,11 +531,14 @@ class chord(Signature):
         results: list[AsyncResult[Any]] = []
         for yielded in stream:
             for member in group([yielded], app=self._app)._flat():
-                if isinstance(member, chord):
-                    raise NotImplementedError("a chord in a chord's header is not "
-                                              "supported: make it a chain's last step")
-                item, res = member._outgoing(args, kwargs, {
-                    **opts, "group_id": group_id, "group_index": len(results)})
+                member_opts = {**opts, "group_id": group_id, "group_index": len(results)}
+                if _applied(member):
+                    applied: list[tuple[Signature, dict[str, Any]]] = []
+                    results.append(_defer(member, member_opts, applied, self.app))
+                    member.apply_async(args, kwargs, retry=retry, retry_policy=policy,
+                                       **applied[0][1])
+                    continue
+                item, res = member._outgoing(args, kwargs, member_opts)
                 self.app.publish_prepared([item], chunk_size=1, retry=retry,
                                           retry_policy=policy)
                 results.append(res)  # type: ignore[arg-type]  # a chain's: its last step's
@@ -465,7 +590,48 @@ class chord(Signature):
         """``chord(header)(body)``: Celery's way to give the body and send."""
         if body is not None:
             self.kwargs["body"] = maybe_signature(body, self._app)
+            # The body's app, when the header (a generator, unread) gave none: the chord
+            # is sent where its tasks are, not to whichever app is current.
+            self._app = self._app or self.kwargs["body"]._app
         return self.apply_async(**options)
+
+
+def _upgrade(prev: Signature, step: Signature, app: Celeriac | None) -> Signature | None:
+    """``prev`` then ``step`` in a chain as one chord, where a group is followed (Celery's
+    upgrade); None where they stay two steps."""
+    if isinstance(prev, group):
+        return chord(prev, step, app=app)
+    if isinstance(prev, chord) and prev.kwargs.get("body") is not None:
+        body = _upgrade(prev.body, step, app)
+        if body is not None and isinstance(prev.body, (group, chord)):
+            return chord(prev.header, body, app=app, **prev.options)
+    return None
+
+
+def _applied(member: Signature) -> bool:
+    """Whether a group member or chord header task is no one message and is applied on
+    its own (its place in the group given to what ends it): a chord, or a chain that
+    starts with a group or a chord."""
+    if isinstance(member, chord):
+        return True
+    if isinstance(member, chain):
+        first = member.tasks[0] if member.tasks else None
+        while isinstance(first, chain):
+            first = first.tasks[0] if first.tasks else None
+        return isinstance(first, (group, chord))
+    return False
+
+
+def _defer(member: Signature, options: dict[str, Any],
+           applied: list[tuple[Signature, dict[str, Any]]], app: Celeriac
+           ) -> AsyncResult[Any]:
+    """A member applied on its own once the group's messages are out: its result's id
+    (what ends it: a chord's body, a chain's last step) is chosen now."""
+    body = member.kwargs.get("body") if isinstance(member, chord) else None
+    result_id = (body.id if isinstance(body, Signature) and not isinstance(
+        body, (chain, group, chord)) else None) or new_id()
+    applied.append((member, {**options, "task_id": result_id}))
+    return AsyncResult(result_id, app)
 
 
 def _under(result: AsyncResult[Any], header: GroupResult) -> None:

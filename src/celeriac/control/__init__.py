@@ -17,7 +17,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..compat.pidbox import reply_exchange_for
@@ -185,6 +185,33 @@ class Control:
             store = self._store[1]
         if store is not None:
             store.revoke(ids, time.time() + self.app.settings.worker_revoke_expires)
+
+    def revoke_by_stamped_headers(self, headers: dict[str, Any] | list[str],
+                                  destination: Sequence[str] | str | None = None,
+                                  terminate: bool = False, signal: str | None = "SIGTERM",
+                                  **kwargs: Any) -> list[Reply] | None:
+        """Celery's: workers do not run tasks whose stamps match ``headers`` (stamp name
+        -> value or list of values; Celery's ``stamped_headers``/``stamps`` message
+        headers), and with ``terminate`` kill those running. Broadcast only, as in
+        Celery: workers keep the flags in memory (``celeriac.worker.state.revoked_stamps``)
+        and one that starts later does not know them."""
+        if isinstance(headers, Mapping):
+            headers = dict(headers)
+        elif not isinstance(headers, list):
+            raise TypeError("revoke_by_stamped_headers: headers must be a dict of stamp "
+                            f"names to values, got {type(headers).__name__}")
+        return self._act("revoke_by_stamped_headers",
+                         {"headers": headers, "terminate": terminate, "signal": signal},
+                         destination, **kwargs)
+
+    def purge(self, connection: Any = None) -> int:
+        """Celery's: delete the messages waiting in the app's queues (``task_queues``,
+        else ``task_default_queue``); returns how many. Tasks already in a worker's hands
+        are not affected (revoke them)."""
+        transport = self.app.transport
+        return sum(transport.purge(queue) for queue in self.app.default_queues)
+
+    discard_all = purge
 
     def terminate(self, task_id: str | Iterable[str], destination: Sequence[str] | str |
                   None = None, signal: str = "SIGTERM", **kwargs: Any) -> list[Reply] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ControlError
 from ..events import EventDispatcher
@@ -50,6 +50,29 @@ def revoke(state: ControlState, task_id: str | list[str], terminate: bool = Fals
     if not ids or not all(isinstance(i, str) and i for i in ids):
         raise ControlError("revoke: argument 'task_id' must be a task id or a list of them")
     return state.revoke(ids, terminate, None if signal is None else str(signal))
+
+
+@control_command(args=[("headers", (dict, list)), ("terminate", bool),
+                       ("signal", (str, int))], variadic="headers",
+                 help="Do not run tasks whose stamps match HEADERS (name=value ...); with "
+                      "terminate, stop running ones.")
+def revoke_by_stamped_headers(state: ControlState, headers: dict[str, Any] | list[str],
+                              terminate: bool = False, signal: str | int | None = None
+                              ) -> Reply:
+    if isinstance(headers, list):  # Celery's command-line form: ["name=value", ...]
+        pairs: dict[str, Any] = {}
+        for item in headers:
+            name, sep, value = str(item).partition("=")
+            if not sep or not name:
+                raise ControlError("revoke_by_stamped_headers: argument 'headers' must be "
+                                   f"name=value pairs, got {item!r}")
+            pairs[name] = value
+        headers = pairs
+    if not headers or not all(isinstance(k, str) and k for k in headers):
+        raise ControlError("revoke_by_stamped_headers: argument 'headers' must map stamp "
+                           "names to values")
+    return state.revoke_by_stamped_headers(headers, terminate,
+                                           None if signal is None else str(signal))
 
 
 @control_command(args=[("task_name", str), ("rate_limit", (str, int, float))],

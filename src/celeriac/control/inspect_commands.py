@@ -2,7 +2,8 @@
 reply shapes so Celery's tooling reads them.
 
 A task is shown as Celery's ``Request.info()``: ``id``, ``name``, ``args`` and
-``kwargs`` (the producer's reprs: the parent never decodes bodies), ``type``,
+``kwargs`` (decoded for the reply when the body is JSON or msgpack, else the producer's
+reprs: the parent decodes no body otherwise), ``type``,
 ``hostname``, ``time_start``, ``acknowledged``, ``delivery_info``, ``worker_pid``.
 """
 
@@ -16,9 +17,14 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .. import serialization
 from ..__about__ import __version__
 from ..clients.net import mask_password
+from ..protocol import decode_body
+from ..serialization import compression
 from ..settings import Settings
+from ..settings.celery_names import DEFAULTS as CELERY_DEFAULTS
+from ..settings.config import INERT, is_inert
 from ..settings.report import _describe, censor, installed_clients, mask_url, settings_lines
 from .mailbox import ok
 from .registry import inspect_command
@@ -34,17 +40,46 @@ def job_info(state: ControlState, job: Job, *, started: float | None = None,
              pid: int | None = None) -> Info:
     h = job.headers
     task = state.app.tasks.get(h["task"])
+    args, kwargs = job_arguments(state, job)
+    properties = getattr(job, "properties", None) or {}
+    priority = properties.get("priority", h.get("priority"))
     return {
-        "id": h["id"], "name": h["task"], "args": h.get("argsrepr"),
-        "kwargs": h.get("kwargsrepr"), "type": h["task"], "hostname": state.hostname,
-        "time_start": started,
+        "id": h["id"], "name": h["task"], "args": args, "kwargs": kwargs,
+        "type": h["task"], "hostname": state.hostname, "time_start": started,
         # At-most-once tasks are acknowledged before they run.
         "acknowledged": task is not None and not task.acks_late,
         "delivery_info": {"exchange": "", "routing_key": job.queue,
-                          "priority": h.get("priority"),
+                          "priority": priority if priority is not None else 0,
                           "redelivered": job.delivery_count > 1},
         "worker_pid": pid,
     }
+
+
+_SAFE_CONTENT = ("application/json", "application/x-msgpack", "application/msgpack")
+
+
+def job_arguments(state: ControlState, job: Job) -> tuple[Any, Any]:
+    """The job's args and kwargs decoded, as Celery 5.5's ``Request.info()`` gives them;
+    only on an inspect call (the worker's main process never decodes bodies otherwise),
+    and only JSON or msgpack bodies (never unpickled here). Else the producer's reprs."""
+    h = job.headers
+    fallback = (h.get("argsrepr"), h.get("kwargsrepr"))
+    if job.content_type not in _SAFE_CONTENT:
+        return fallback
+    try:
+        s = state.app.settings
+        body = job.body
+        packed = h.get(compression.HEADER)
+        if packed is not None:
+            body = compression.decompress(body, packed, s.max_message_size)
+        args, kwargs, _ = decode_body(serialization.loads(
+            body, job.content_type, serialization.accepted_content_types(s.accept_content)))
+    except Exception:  # a body the task itself will report on; show the reprs
+        return fallback
+    args = list(args)
+    if not (_plain(args) and _plain(kwargs)):
+        return fallback
+    return args, kwargs
 
 
 def active_jobs(state: ControlState) -> list[tuple[Job, float | None, int | None]]:
@@ -166,24 +201,64 @@ def broker_info(url: str) -> Info:
 
 @inspect_command(help="Queues this worker consumes from.")
 def active_queues(state: ControlState) -> list[Info]:
-    return [{"name": q, "exchange": {"name": "", "type": "direct"}, "routing_key": q,
-             "durable": True, "exclusive": False, "auto_delete": False, "no_ack": False}
-            for q in state.worker.queues]
+    """kombu's ``Queue.as_dict(recurse=True)``, Celery's reply: a direct exchange named
+    as ``task_queues`` declares it (else ``task_default_exchange``, else the queue's)."""
+    declared = {q.name: q for q in state.app.routing.declared}
+    default_exchange = state.app.settings.task_default_exchange
+    out: list[Info] = []
+    for name in state.worker.queues:
+        q = declared.get(name)
+        exchange = (q.exchange if q is not None and q.exchange else default_exchange) or name
+        key = q.routing_key if q is not None and q.routing_key else name
+        out.append({
+            "alias": None, "auto_delete": False, "binding_arguments": None, "bindings": [],
+            "consumer_arguments": None, "durable": True,
+            "exchange": {"arguments": None, "auto_delete": False, "delivery_mode": None,
+                         "durable": True, "name": exchange, "no_declare": False,
+                         "passive": False, "type": "direct"},
+            "exclusive": False, "expires": None, "max_length": None,
+            "max_length_bytes": None, "max_priority": None, "message_ttl": None,
+            "name": name, "no_ack": False, "no_declare": None, "queue_arguments": None,
+            "routing_key": key,
+        })
+    return out
 
 
 @inspect_command(args=[("with_defaults", bool)],
                  help="The worker's settings (secrets masked); changed ones only unless "
                       "with_defaults.")
 def conf(state: ControlState, with_defaults: bool = False) -> Info:
+    """Celery's ``conf``: the settings changed from their defaults (every one with
+    ``with_defaults``), the Celery settings accepted here without effect among them
+    (``Settings.inert``: as set, or Celery's defaults with ``with_defaults``), and always
+    the ones Celery's tooling reads (``ALWAYS_SHOWN``)."""
     settings, defaults = state.app.settings, Settings()
-    out: Info = {}
+    values: Info = {}
+    if with_defaults:
+        values.update((n, v) for n, v in CELERY_DEFAULTS.items() if is_inert(n))
+    values.update(settings.inert)
     for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        if not with_defaults and value == getattr(defaults, f.name):
+        if f.name == INERT:
             continue
-        shown = censor(f.name, value)
-        out[f.name] = shown if _plain(shown) else _describe(shown)
+        value = getattr(settings, f.name)
+        if with_defaults or f.name in ALWAYS_SHOWN or value != getattr(defaults, f.name):
+            values[f.name] = value
+    for name in ALWAYS_SHOWN:
+        if name not in values:
+            values[name] = CELERY_DEFAULTS.get(name)
+    values.setdefault("deprecated_settings", [])  # Celery's key: none here
+    out: Info = {}
+    for name, value in sorted(values.items()):
+        shown = censor(name, value)
+        out[name] = shown if _plain(shown) else _describe(shown)
     return out
+
+
+ALWAYS_SHOWN = ("broker_url", "result_backend", "accept_content", "enable_utc", "timezone",
+                "include", "worker_hijack_root_logger", "worker_log_color",
+                "broker_heartbeat")
+"""Settings ``inspect conf`` shows even at their defaults: those Celery's own replies
+carry (its test and worker apps set them), which Celery's tooling reads."""
 
 
 def _plain(value: Any) -> bool:

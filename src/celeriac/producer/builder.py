@@ -76,7 +76,10 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     priority = o.priority
     if priority is None:
         priority = settings.task_default_priority
-    message = Message(h, body, content_type, "utf-8", task_properties(task_id, priority))
+    properties = task_properties(task_id, priority)
+    if o.app_id is not None:
+        properties["app_id"] = o.app_id
+    message = Message(h, body, content_type, "utf-8", properties)
     queue = o.queue or (app.queue_for_key(o.routing_key) if o.routing_key else None) \
         or app.route(name)
     if not settings.task_create_missing_queues:
@@ -113,6 +116,10 @@ def _extra_headers(o: SendOptions) -> dict[str, Any]:
         extra["group"] = o.group_id
     if o.group_index is not None:
         extra["group_index"] = o.group_index
+    if o.argsrepr is not None:
+        extra["argsrepr"] = o.argsrepr
+    if o.kwargsrepr is not None:
+        extra["kwargsrepr"] = o.kwargsrepr
     current = _request.current_request() if o.add_to_parent else None
     if o.parent_id is not None or current is not None:
         extra["parent_id"] = o.parent_id or (current.id if current else None)

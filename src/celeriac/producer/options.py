@@ -14,7 +14,8 @@ from typing import Any
 
 SEND_OPTIONS = frozenset({
     "shadow", "routing_key", "exchange", "retry", "retry_policy", "parent_id", "root_id",
-    "group_id", "add_to_parent", "link", "link_error", "compression"})
+    "group_id", "add_to_parent", "link", "link_error", "compression", "argsrepr",
+    "kwargsrepr", "app_id"})
 """``Task.apply_async``'s options beyond its named parameters (Celery's names), passed
 through as they are; any other raises ``TypeError`` naming it."""
 
@@ -55,6 +56,13 @@ class SendOptions:
     among its children."""
     retry: bool | None = None
     retry_policy: Mapping[str, Any] | None = None
+    argsrepr: str | None = None
+    """The ``argsrepr`` header logs and monitors show instead of the arguments' repr
+    (Celery's: hide a secret argument); None: the repr."""
+    kwargsrepr: str | None = None
+    app_id: str | None = None
+    """The message's ``app_id`` property (AMQP's; the task sees it in
+    ``self.request.properties``)."""
     embed: Mapping[str, Any] | None = None
     """What follows the task (``callbacks``, ``errbacks``, ``chain``, ``chord``): merged
     over ``EMPTY_EMBED`` into the body, which is encoded once."""

@@ -43,7 +43,10 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
         hooks.call("after_publish", message, queue)
     if app.settings.task_send_sent_event:
         sent_event(app, message, queue)
-    return _result.AsyncResult(task_id, app, name)
+    result: _result.AsyncResult[Any] = _result.AsyncResult(task_id, app, name)
+    if options.ignore_result:
+        result.ignored = True  # get() returns None at once (Celery's)
+    return result
 
 
 def _retrying(app: Celeriac, retry: bool | None, policy: Mapping[str, Any] | None) -> Any:

@@ -50,6 +50,40 @@ class Request:
     called_directly: bool = True
     children: list[Any] | None = None
     """What this call sent, as result tuples: stored with its result (``children``)."""
+    group_index: int | None = None
+    """Its place in its group (the ``group_index`` header)."""
+    callbacks: list[Any] | None = None
+    """The message's ``link`` signatures (its embed's ``callbacks``), as Celery's."""
+    errbacks: list[Any] | None = None
+    """The message's ``link_error`` signatures (its embed's ``errbacks``)."""
+    chain: list[Any] | None = None
+    """The rest of its chain, last step first (its embed's ``chain``)."""
+    chord: Any = None
+    """The body of the chord whose header it is part of (its embed's ``chord``)."""
+    replaced_task_nesting: int = 0
+    chord_additions: list[Any] | None = None
+    """What ``Task.add_to_chord`` added to its chord: sent as it ends."""
+    """How many ``Task.replace`` calls led to this task (Celery's header)."""
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    """The message's properties (AMQP's, as kombu reports them: ``app_id``,
+    ``priority``, ``correlation_id``...)."""
+
+    @property
+    def stamped_headers(self) -> list[str]:
+        """Celery's: the names of the stamps the message carries (canvas stamping)."""
+        names = self.headers.get("stamped_headers") or []
+        return [names] if isinstance(names, str) else list(names)
+
+    @property
+    def stamps(self) -> dict[str, Any]:
+        """Celery's: each stamp's value, by name (``stamped_headers`` only)."""
+        values = self.headers.get("stamps") or {}
+        return {name: values.get(name) for name in self.stamped_headers} \
+            if isinstance(values, Mapping) else {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Celery's ``request.get(name, default)``."""
+        return getattr(self, key, default)
 
     def add_child(self, result: Any) -> None:
         """Record a result this call sent (Celery's ``add_trail``)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError
 from ..serialization import accepted_content_types, compression, get_serializer
 from .celery_names import DEFAULTS as CELERY_DEFAULTS
-from .config import annotators, coerce, from_mapping, object_values, translate
+from .config import INERT, annotators, coerce, from_mapping, is_inert, object_values, translate
 from .rates import parse_rate
 from .routing import Routing
 
@@ -246,6 +246,10 @@ class Settings:
     result_backend_transport_options: Mapping[str, str] = field(default_factory=dict)
     """Result-backend-specific options, e.g. ``{"master_name": "mymaster"}`` behind Redis
     Sentinel."""
+    inert: Mapping[str, Any] = field(default_factory=dict)
+    """Celery settings accepted with no effect here (``config.HARMLESS`` and the settings
+    of services celeriac does not have, ``cassandra_*``...), by name: kept so that
+    ``app.conf`` reads them back and ``inspect conf`` shows them. Not set directly."""
 
     def __post_init__(self) -> None:
         self._coerce()
@@ -336,7 +340,12 @@ class Settings:
         refused; an unknown name raises ``ConfigurationError``."""
         if changes.keys() - _FIELD_NAMES:
             changes = translate(changes, _FIELD_NAMES, "settings")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **self._merge_inert(changes))
+
+    def _merge_inert(self, changes: dict[str, Any]) -> dict[str, Any]:
+        if INERT in changes:
+            changes = {**changes, INERT: {**self.inert, **changes[INERT]}}
+        return changes
 
     def update_from(self, obj: object, namespace: str | None = None) -> Settings:
         """A copy with the settings of ``obj`` applied: a mapping, or a module or object
@@ -345,7 +354,7 @@ class Settings:
         source = getattr(obj, "__name__", None) or type(obj).__name__
         values = dict(obj) if isinstance(obj, Mapping) else object_values(obj)
         changes = translate(from_mapping(values, namespace), _FIELD_NAMES, source)
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **self._merge_inert(changes))
 
     @classmethod
     def from_object(cls, obj: object, namespace: str | None = None) -> Settings:
@@ -372,6 +381,7 @@ class Settings:
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
+_MISSING: Any = object()
 _HINTS = typing.get_type_hints(Settings)
 
 
@@ -451,45 +461,62 @@ def _parse(name: str, hint: Any, raw: str) -> Any:
 class Conf:
     """``app.conf``: the app's settings read and changed as Celery's ``app.conf`` is
     (attribute or item access, ``update``, ``get``). A change makes a new ``Settings``
-    (validated at once); once the app is finalized, changes raise ``ConfigurationError``."""
+    (validated at once: an error names the setting) and swaps it in; after the app is
+    finalized too, as Celery allows (``Celeriac.configure`` says what takes effect).
+    Celery's harmless settings read back what was set, else Celery's default."""
 
     __slots__ = ("_app",)
 
     def __init__(self, app: Celeriac) -> None:
         object.__setattr__(self, "_app", app)
 
-    def __getattr__(self, name: str) -> Any:
+    def _lookup(self, name: str) -> Any:
         settings = self._app.settings
-        if name in _FIELD_NAMES or (not name.startswith("_") and hasattr(settings, name)):
-            return getattr(settings, name)  # a setting, or a derived one (backend_url)
+        if name in _FIELD_NAMES:
+            return getattr(settings, name)
+        if name in settings.inert:
+            return settings.inert[name]
+        if name in CELERY_DEFAULTS and is_inert(name):
+            return CELERY_DEFAULTS[name]
+        return _MISSING
+
+    def __getattr__(self, name: str) -> Any:
+        value = self._lookup(name)
+        if value is not _MISSING:
+            return value
+        settings = self._app.settings
+        if not name.startswith("_") and hasattr(settings, name):
+            return getattr(settings, name)  # a derived one (backend_url)
         raise AttributeError(f"no setting {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.update({name: value})
 
     def __getitem__(self, name: str) -> Any:
-        if name not in _FIELD_NAMES:
+        value = self._lookup(name)
+        if value is _MISSING:
             raise KeyError(name)
-        return getattr(self._app.settings, name)
+        return value
 
     def __setitem__(self, name: str, value: Any) -> None:
         self.update({name: value})
 
     def __contains__(self, name: object) -> bool:
-        return name in _FIELD_NAMES
+        return isinstance(name, str) and self._lookup(name) is not _MISSING
 
     def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self._app.settings, name) if name in _FIELD_NAMES else default
+        value = self._lookup(name)
+        return default if value is _MISSING else value
 
     def update(self, values: Mapping[str, Any] | None = None, /, **changes: Any) -> None:
         self._app.configure(**{**(values or {}), **changes})
 
     def keys(self) -> list[str]:
-        return sorted(_FIELD_NAMES)
+        return sorted({*_FIELD_NAMES, *self._app.settings.inert} - {INERT})
 
     def table(self) -> dict[str, Any]:
-        """Every setting and its value."""
-        return {name: getattr(self._app.settings, name) for name in sorted(_FIELD_NAMES)}
+        """Every setting and its value (the harmless ones that were set among them)."""
+        return {name: self._lookup(name) for name in self.keys()}
 
     def __repr__(self) -> str:
         return f"<Conf of {self._app!r}>"

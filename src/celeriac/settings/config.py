@@ -6,7 +6,9 @@ Every one of Celery's 207 settings (``celery_names.py``) is one of:
 - **converted**: a Celery setting expressed in celeriac's terms (``CONVERTED``), e.g.
   ``worker_disable_prefetch=True`` is ``worker_prefetch_multiplier=1``;
 - **harmless**: a tuning knob of Celery's own machinery that changes no behaviour a user
-  relies on (``HARMLESS``): accepted with one warning per process;
+  relies on (``HARMLESS``), or a setting of a service celeriac does not have
+  (``OTHER_SERVICES``: ``cassandra_*``...): accepted with one warning per process, and
+  kept (``Settings.inert``) so that ``app.conf`` reads it back;
 - **refused**: a behaviour celeriac does not provide (``REFUSED``, with the reason): a
   ``ConfigurationError``, unless the value is Celery's default (asking for the default
   asks for nothing).
@@ -31,11 +33,27 @@ from .celery_names import OLD_NAMES
 
 logger = logging.getLogger("celeriac.config")
 
-_OTHER_BACKENDS = ("arangodb_", "azureblockblob_", "cassandra_", "cosmosdbsql_",
-                   "couchbase_", "elasticsearch_", "gcs_", "mongodb_", "s3_", "cache_backend",
-                   "database_")
+OTHER_SERVICES = ("arangodb_", "azureblockblob_", "cassandra_", "cosmosdbsql_",
+                  "couchbase_", "elasticsearch_", "gcs_", "mongodb_", "s3_", "cache_backend")
+"""Prefixes of the settings of Celery's result backends celeriac does not have. They
+configure a service nothing here uses, so they are harmless: accepted and kept (``app.conf``
+reads them back), with one warning naming them. Asking to use that service
+(``result_backend="cassandra://"``) is the error, naming the URL's scheme."""
+_OTHER_SERVICES_REASON = ("celeriac has no such result backend, so they configure nothing "
+                          "(result_backend may be redis://, postgresql://, sqlite:// or "
+                          "memory://)")
+_OTHER_BACKENDS = (*OTHER_SERVICES, "database_")
+"""Refused unless default: ``database_*`` (the SQLAlchemy backend's table names and
+engine options), which celeriac's ``db+postgresql://`` does not honour."""
 _BACKENDS_REASON = ("this result backend is not available in celeriac (result_backend may "
                     "be redis://, postgresql://, sqlite:// or memory://)")
+
+_DATABASE_REASON = ("celeriac's db+postgresql:// result backend uses Celery's default "
+                    "tables and its own connections (the SQLAlchemy backend's database_* "
+                    "options are not honoured)")
+
+INERT = "inert"
+"""The ``Settings`` field that keeps the harmless settings' values."""
 
 HARMLESS: dict[str, str] = {
     **dict.fromkeys([
@@ -176,27 +194,46 @@ def translate(values: Mapping[str, Any], fields: frozenset[str], source: str
     """``values`` (lowercase Celery names) as celeriac settings; warns about harmless
     ones once, raises ``ConfigurationError`` for refused and unknown ones."""
     out: dict[str, Any] = {}
+    inert: dict[str, Any] = {}
+    services: list[str] = []
     for name, value in values.items():
         if name in fields:
             out[name] = value
         elif name in CONVERTED:
             out.update(CONVERTED[name](value))
         elif name in HARMLESS:
+            inert[name] = value
             if name not in _warned:
                 _warned.add(name)
                 logger.warning("setting %s (from %s) has no effect in celeriac: %s", name,
                                source, HARMLESS[name])
+        elif name.startswith(OTHER_SERVICES):
+            inert[name] = value
+            if name not in _warned:
+                _warned.add(name)
+                services.append(name)
         elif name in REFUSED or name.startswith(_OTHER_BACKENDS):
             if _is_default(name, value):
                 continue
-            reason = REFUSED.get(name) or _BACKENDS_REASON
+            reason = REFUSED.get(name) or (
+                _DATABASE_REASON if name.startswith("database_") else _BACKENDS_REASON)
             raise ConfigurationError(f"setting {name}={value!r} (from {source}) is not "
                                      f"supported: {reason}")
         else:
             close = difflib.get_close_matches(name, [*fields, *CELERY_DEFAULTS], 1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigurationError(f"unknown setting {name!r} (from {source}){hint}")
+    if services:
+        logger.warning("settings %s (from %s) have no effect in celeriac: %s",
+                       ", ".join(services), source, _OTHER_SERVICES_REASON)
+    if inert:
+        out[INERT] = inert
     return out
+
+
+def is_inert(name: str) -> bool:
+    """A Celery setting accepted with no effect (kept in ``Settings.inert``)."""
+    return name in HARMLESS or name.startswith(OTHER_SERVICES)
 
 
 def _is_default(name: str, value: Any) -> bool:

@@ -37,6 +37,7 @@ from ..tasks import Request
 from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr
 from .ratelimit import RateLimiter
+from .state import revoked_stamps, revoking_stamps
 from .task_events import TaskEvents
 
 if TYPE_CHECKING:
@@ -385,6 +386,8 @@ class Consumer:
         name, task_id = headers["task"], headers["id"]
         if self._revoked and task_id in self._revoked:
             return self._settle_revoked(d, name, task_id, "revoked")
+        if revoked_stamps and "stamped_headers" in headers and revoking_stamps(headers):
+            return self._settle_revoked(d, name, task_id, "revoked")  # by its stamps
         events = self.events
         losses = d.delivery_count - 1
         if losses >= self.app.settings.task_max_deliveries:
@@ -418,7 +421,7 @@ class Consumer:
             return self._wake.set()
         self._next_seq += 1
         job = Job(self._next_seq, headers, d.message.body, d.message.content_type, d.queue,
-                  d.delivery_count, self.worker.hostname)
+                  d.delivery_count, self.worker.hostname, d.message.properties or None)
         self.deliveries[job.seq] = d
         self.reserved.append(job)
         if events is not None:
@@ -449,10 +452,13 @@ class Consumer:
             self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), expired)
         self._wake.set()
 
-    def revoke_waiting(self, ids: set[str]) -> int:
-        """Settle the jobs of ``ids`` that wait in ``reserved`` (revoked now); jobs held
-        by a rate limit are caught as they leave it (``_dispatch``). Returns how many."""
-        found = [job for job in self.reserved if job.headers["id"] in ids]
+    def revoke_waiting(self, ids: set[str] | None = None) -> int:
+        """Settle the jobs of ``ids`` (None: those whose stamps are revoked now) that wait
+        in ``reserved``; jobs held by a rate limit are caught as they leave it
+        (``_dispatch``). Returns how many."""
+        found = [job for job in self.reserved
+                 if (job.headers["id"] in ids if ids is not None
+                     else "stamped_headers" in job.headers and revoking_stamps(job.headers))]
         for job in found:
             self.reserved.remove(job)
             self._drop_revoked(job)
@@ -476,6 +482,10 @@ class Consumer:
             job = self.reserved.popleft()
             if self._revoked and job.headers["id"] in self._revoked:
                 self._drop_revoked(job)  # revoked while it waited (for a rate limit)
+                continue
+            if revoked_stamps and "stamped_headers" in job.headers and revoking_stamps(
+                    job.headers):
+                self._drop_revoked(job)  # its stamps were revoked while it waited
                 continue
             name = job.headers["task"]
             # The only cost of rate limits to an unlimited task: this lookup (None).

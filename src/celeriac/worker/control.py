@@ -48,6 +48,7 @@ from .consumer import signal_number as signal_number
 from .heart import Heart
 from .pool.prefork import PreforkPool
 from .revoked import Revoked, StateDB
+from .state import add_revoked_stamps, message_stamps, stamps_match
 from .task_events import TaskEvents
 
 if TYPE_CHECKING:
@@ -140,6 +141,34 @@ class ControlState:
             else:  # waiting behind another task in a child: killed as it starts
                 self.revoked.terminate[task_id] = signal or "SIGTERM"
         return ok(f"terminate: {', '.join(killed)}" if killed else "terminate: tasks unknown")
+
+    def revoke_by_stamped_headers(self, headers: dict[str, Any], terminate: bool,
+                                  signal: str | None) -> dict[str, str]:
+        """Celery's: flag these stamps revoked (``worker/state.py``), settle the waiting
+        jobs they match; with ``terminate`` kill the running ones (as ``revoke``)."""
+        signal_number(signal or "SIGTERM")  # a bad signal is refused before any change
+        add_revoked_stamps(headers)
+        consumer = self.consumer
+        if consumer is not None:
+            consumer.revoke_waiting()
+        logger.info("stamped headers flagged as revoked: %s", headers)
+        if not terminate:
+            return ok(f"headers {headers} flagged as revoked, but not terminated")
+        pool = self.pool
+        matched: dict[str, list[Any]] = {}
+        ids: list[str] = []
+        for job in pool.running() if pool is not None else []:
+            hits = stamps_match(message_stamps(job.headers), headers)
+            if not hits:
+                continue
+            for name, values in hits.items():
+                known = matched.setdefault(name, [])
+                known.extend(v for v in values if v not in known)
+            ids.append(job.headers["id"])
+        if not ids:
+            return ok(f"headers {headers} were not terminated")
+        self.revoke(ids, True, signal)  # kills them (or as they start), and remembers
+        return ok(f"headers {matched} revoked")
 
 
 class ControlStep(Step):

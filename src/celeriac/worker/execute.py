@@ -60,6 +60,9 @@ class Job:
     queue: str
     delivery_count: int
     hostname: str
+    properties: dict[str, Any] | None = None
+    """The message's properties (``priority``, ``app_id``...): the request's
+    ``properties`` and ``delivery_info["priority"]``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +150,13 @@ def _begin(app: Celeriac, job: Job) -> _Call | Outcome:
         return decoded
     claim = headers.get(followups.CLAIM_HEADER)
     if isinstance(claim, str):
-        refused = _claim(app, task, headers["id"], claim)
+        nesting = headers.get("replaced_task_nesting")
+        refused = _claim(app, task, headers["id"], claim,
+                         nesting if type(nesting) is int else 0)
         if refused is not None:
             return refused
     args, kwargs, embed = decoded
-    request = _request(task, job, args, kwargs)
+    request = _request(task, job, args, kwargs, embed)
     backend = None if task.ignore_result or headers.get("ignore_result") else app.backend
     if backend is not None:
         track = task.options.track_started
@@ -198,11 +203,12 @@ def _decode(app: Celeriac, task: Task[Any, Any], job: Job
     return args, kwargs, embed
 
 
-def _claim(app: Celeriac, task: Task[Any, Any], task_id: str, claim: str) -> Outcome | None:
+def _claim(app: Celeriac, task: Task[Any, Any], task_id: str, claim: str, nesting: int
+           ) -> Outcome | None:
     """Claim a chord body's run (``followups.claimed``); an ``Outcome`` when this copy
     must not run: another ran, or the claim could not be made (it goes back)."""
     try:
-        first = followups.claimed(app, task_id, claim)
+        first = followups.claimed(app, task_id, claim, nesting)
     except Exception as exc:
         logger.warning("Task %s[%s]: could not claim the chord body (%s); it goes back",
                        task.name, task_id, exc)
@@ -214,18 +220,30 @@ def _claim(app: Celeriac, task: Task[Any, Any], task_id: str, claim: str) -> Out
     return None
 
 
-def _request(task: Task[Any, Any], job: Job, args: Any, kwargs: Any) -> Request:
-    """The task's ``self.request`` for this message."""
+def _request(task: Task[Any, Any], job: Job, args: Any, kwargs: Any,
+             embed: dict[str, Any] | None) -> Request:
+    """The task's ``self.request`` for this message (with what its embed asks for after
+    it: ``Task.replace`` passes that on to the replacement)."""
     headers = job.headers
     limits = headers.get("timelimit") or (None, None)
-    return Request(
+    properties = job.properties or {}
+    request = Request(
         id=headers["id"], task=task.name, args=args, kwargs=kwargs,
         retries=int(headers.get("retries") or 0), eta=headers.get("eta"),
         expires=headers.get("expires"), root_id=headers.get("root_id"),
         parent_id=headers.get("parent_id"), group=headers.get("group"),
         hostname=job.hostname,
-        delivery_info={"queue": job.queue, "delivery_count": job.delivery_count},
-        headers=headers, timelimit=(limits[0], limits[1]), called_directly=False)
+        delivery_info={"queue": job.queue, "delivery_count": job.delivery_count,
+                       "priority": properties.get("priority")},
+        headers=headers, timelimit=(limits[0], limits[1]), called_directly=False,
+        group_index=headers.get("group_index"), properties=properties)
+    nesting = headers.get("replaced_task_nesting")
+    if type(nesting) is int:  # a custom header: not checked where the message came in
+        request.replaced_task_nesting = nesting
+    if embed is not None:
+        request.callbacks, request.errbacks = embed.get("callbacks"), embed.get("errbacks")
+        request.chain, request.chord = embed.get("chain"), embed.get("chord")
+    return request
 
 
 def _end(app: Celeriac, call: _Call, ran: Ran, task_events: bool) -> Outcome:
@@ -262,8 +280,13 @@ def _end(app: Celeriac, call: _Call, ran: Ran, task_events: bool) -> Outcome:
         part = stored or app.backend.encode(task_id, state, retval, traceback=tb,
                                             retries=request.retries)
         try:
-            followups.chord_part(app, request, part, embed["chord"])
-            stored = None  # stored already
+            if request.chord_additions and state == states.SUCCESS:
+                # Task.add_to_chord: its part is counted once what it added has run.
+                followups.defer_part(app, request, retval, embed["chord"],
+                                     request.chord_additions)
+            else:
+                followups.chord_part(app, request, part, embed["chord"])
+                stored = None  # stored already
         except Exception:
             logger.exception("Task %s[%s]: could not count its part of chord %s",
                              task.name, task_id, request.group)

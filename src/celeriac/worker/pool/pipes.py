@@ -59,8 +59,10 @@ def encode_job(job: Job, soft_limit: float | None, hard_limit: float | None = No
     # half the time of the same object, and every task crosses twice.
     meta: tuple[Any, ...] = (job.seq, job.headers, job.content_type, job.queue,
                              job.delivery_count, job.hostname, soft_limit)
-    if hard_limit:
-        meta += (hard_limit,)
+    if hard_limit or job.properties:
+        meta += (hard_limit or None,)
+    if job.properties:
+        meta += (job.properties,)
     return frame_with_blob(JOB, meta, job.body)
 
 
@@ -68,7 +70,8 @@ def decode_job(payload: bytes) -> tuple[Job, float | None, float | None]:
     """The job, and the soft and hard time limits the child enforces for it."""
     meta, body = split_blob(payload)
     seq, headers, content_type, queue, delivery_count, hostname, soft_limit = meta[:7]
-    return (Job(seq, headers, body, content_type, queue, delivery_count, hostname),
+    return (Job(seq, headers, body, content_type, queue, delivery_count, hostname,
+                meta[8] if len(meta) > 8 else None),
             soft_limit, meta[7] if len(meta) > 7 else None)
 
 
