@@ -5,6 +5,7 @@ next one runs; a pool that fails to take a job stops the worker with exit code 1
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -72,3 +73,31 @@ def test_a_pool_that_fails_to_take_a_job_stops_the_worker_with_exit_1(
     assert any(r.exc_info for r in caplog.records if r.levelno == logging.CRITICAL)
     # Nothing lost: the cold stop gave the message back.
     assert app.transport.queue_length("celery") == 1
+
+
+def test_a_second_interrupt_right_after_the_first_is_a_cold_stop(app: Celeriac) -> None:
+    # Two Ctrl-Cs handled in one turn of the loop, before the warm stop has begun: the
+    # second must not be lost, or the worker waits for a task that may run for hours.
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(name="t.block")
+    def block() -> None:
+        started.set()
+        release.wait(30)
+
+    w = ThreadedWorker(app).start()
+    try:
+        app.send_task("t.block")
+        assert started.wait(10), "the task did not start"
+
+        def twice() -> None:
+            w.worker.shutdown(False)
+            w.worker.shutdown(True)
+
+        assert w._loop is not None
+        w._loop.call_soon_threadsafe(twice)
+        wait_until(lambda: w.exit_code is not None, 10, message="the worker stopped cold")
+        assert app.transport.queue_length("celery") == 1  # given back, not waited for
+    finally:
+        release.set()
+        w.stop()

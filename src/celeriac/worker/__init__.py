@@ -15,7 +15,7 @@ import signal
 import socket
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .autoscale import Autoscaler
 from .blueprint import Blueprint, Step
@@ -24,6 +24,7 @@ from .gossip import Gossip
 from .health import HealthFile
 from .heart import EventsStep, Heart
 from .mingle import Mingle
+from .outbox import OutboxStep
 from .pool import POOLS
 from .revoked import Revoked, StateDB
 from .steps import DEFAULT_STEPS, ConsumerStep, PoolStep, ResultsCleanup
@@ -92,7 +93,10 @@ class Worker:
         self.timer: Timer
         self.pool: Pool
         self.consumer: Consumer
-        self._shutdown: asyncio.Future[bool] | None = None  # result: cold?
+        # Two flags, never replaced: a second Ctrl-C that lands between the first one and
+        # the start of the warm stop must not be lost (a replaced future had that window).
+        self._stop_requested = asyncio.Event()
+        self._cold_requested = asyncio.Event()
         self._interrupts = 0
         self.exit_code = 0
         self.failure: str | None = None
@@ -130,7 +134,6 @@ class Worker:
 
     async def run_async(self) -> int:
         loop = asyncio.get_running_loop()
-        self._shutdown = loop.create_future()
         if self.install_signal_handlers:
             self._install_signals(loop)
         self.app.hooks.call("before_worker_start", self)
@@ -138,18 +141,16 @@ class Worker:
         logger.info("%s ready: queues %s, pool %s x%d", self.hostname, ",".join(self.queues),
                     self.pool_name, self.concurrency)
         self.app.hooks.call("after_worker_start", self)
-        cold = await self._shutdown
+        await self._stop_requested.wait()
         self.app.hooks.call("before_worker_stop", self)
-        if cold:
-            # A second Ctrl-C during the warm stop lands here too: the warm stop is
-            # abandoned for the cold one.
+        if self._cold_requested.is_set():
             await self.blueprint.stop(cold=True)
         else:
+            # A second Ctrl-C during the warm stop abandons it for the cold one.
             stopping = loop.create_task(self.blueprint.stop())
-            self._shutdown = loop.create_future()
-            waiting: set[asyncio.Future[Any]] = {stopping, self._shutdown}
-            done, _ = await asyncio.wait(waiting,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            cold = loop.create_task(self._cold_requested.wait())
+            done, _ = await asyncio.wait({stopping, cold}, return_when=asyncio.FIRST_COMPLETED)
+            cold.cancel()
             if stopping not in done:
                 logger.warning("cold shutdown requested during warm shutdown")
                 stopping.cancel()
@@ -171,8 +172,9 @@ class Worker:
 
     def shutdown(self, cold: bool = False) -> None:
         """Ask the running worker to stop (thread-safe within its loop only)."""
-        if self._shutdown is not None and not self._shutdown.done():
-            self._shutdown.set_result(cold)
+        if cold:
+            self._cold_requested.set()
+        self._stop_requested.set()
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         def interrupt() -> None:
@@ -228,6 +230,8 @@ def _steps(app: Celeriac, given: Sequence[type[Step]] | None, *, mingle: bool,
         optional = {Mingle: mingle, Autoscaler: autoscale, Gossip: gossip}
         steps = [*DEFAULT_STEPS, HealthFile, EventsStep, Heart, StateDB, ControlStep,
                  *(step for step, wanted in optional.items() if wanted)]
+    if app.settings.worker_outbox:
+        steps.append(OutboxStep)
     if beat:
         # Asked of the app: beat sits above the worker (its step is made of the worker's
         # Step and Timer); it checks the beat's store now. It requires the Timer only, so
