@@ -1,0 +1,6 @@
+from django.contrib import admin
+
+from .models import Order, Tick
+
+admin.site.register(Order)
+admin.site.register(Tick)
