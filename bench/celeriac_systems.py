@@ -102,10 +102,13 @@ class CeleriacSystem(System):
 class CeleriacProcess(CeleriacSystem):
     """A broker other processes reach (SQLite file, Redis), a worker subprocess."""
 
+    worker_env: dict[str, str] = {}
+    """More environment for the worker (``sqs_system.py``: its result backend)."""
+
     def __init__(self, key: str, transport: str, pool: str = "solo", concurrency: int = 1,
                  events: bool = False, watched: bool = False, io: bool = False,
                  scale: int = 1, canvas: bool = False, sleep: str | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), fair: bool = False) -> None:
         self.key, self.transport, self.pool, self.concurrency = key, transport, pool, concurrency
         self.events, self.watched, self.scale = events, watched, scale
         self.io = io or sleep is not None
@@ -113,12 +116,15 @@ class CeleriacProcess(CeleriacSystem):
         """The sleep task (``sync`` or ``async``), counted as the I/O task is."""
         self.args = args
         """More worker options (``--child-concurrency 100``)."""
+        self.fair = fair
+        """The queue declared fair (``broker_fair_queues``): bench/flow.py's fair_cost."""
         self.canvas = canvas
         suffix = f"prefork x{concurrency}" if pool == "prefork" else f"{pool} x{concurrency}"
         self.name = (f"celeriac {transport} {suffix}" + (" -E" if events else "")
                      + (" watched" if watched else "") + (" I/O task" if io else "")
                      + (f" {sleep} sleep 10 ms" if sleep else "")
                      + (f" {' '.join(args)}" if args else "")
+                     + (" fair queue" if fair else "")
                      + (f", {scale} workers" if scale > 1 else ""))
         where = ("broker + results in one SQLite file (WAL)" if transport == "sqlite" else
                  f"broker + results on Redis db {CELERIAC_REDIS_DB} ({CELERIAC_REDIS_URL})")
@@ -146,6 +152,8 @@ class CeleriacProcess(CeleriacSystem):
             flush_redis_db(CELERIAC_REDIS_DB)
         self.broker_url = self.url(workdir)
         self.app, self.noop = bench_tasks.make_app(self.broker_url)
+        if self.fair:
+            self.app.conf.update(broker_fair_queues=("celery",))
         # Connect, and create schemas, outside the timed parts.
         self.app.transport.ping()
         self.app.backend.get("warm-up")
@@ -158,6 +166,9 @@ class CeleriacProcess(CeleriacSystem):
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERIAC_")}
         env.update(CELERIAC_BROKER_URL=self.broker_url,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
+        if self.fair:
+            env["CELERIAC_BROKER_FAIR_QUEUES"] = "celery"
+        env.update(self.worker_env)
         if self.watched:
             self.watcher = start_watcher(deadline)
         self.worker = WorkerProcess(argv, env, self.workdir, self.workdir / "worker.log")

@@ -87,6 +87,16 @@ PEERS: dict[str, Peer] = {
         detail="Redis broker + Results middleware on Redis, db 13, Dramatiq's defaults: "
                "2 processes x 8 worker threads (with -t 1 it drains about 1/7 as fast)",
     ),
+    "huey": Peer(
+        key="huey", label="Huey", name="huey redis 2 procs",
+        requirements=("huey[redis]>=3,<4",),
+        driver="huey_driver.py",
+        worker=("huey_consumer", "huey_app.huey", "-k", "process", "-w", "2", "-q"),
+        redis_db=10, ready_lines=2, bulk_methods={},
+        detail="RedisHuey on db 10, Huey's defaults (blocking BRPOP fetch, None not "
+               "stored: the I/O task's result is ignored; the no-op returns 0) but "
+               "notify_result=True (a caller blocks on a notification list, no polling)",
+    ),
 }
 
 

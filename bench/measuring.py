@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ class Run:
     """seconds, a chord of --chord-n no-ops sent -> its body's result"""
     canvas_errors: dict[str, str] = field(default_factory=dict)
     """"group"/"chord" -> why that row failed in this run (the rest of the run stands)"""
+    load: float | None = None
+    """The machine's 1-minute load average at the end of the run (shared machines)"""
 
     @property
     def best_bulk(self) -> float | None:
@@ -126,7 +129,7 @@ def measure(system: System, opts: argparse.Namespace, workdir: Path) -> Run:
                 raise BenchError(f"round trip failed: {type(exc).__name__}: {exc}") from exc
             p50, p99 = percentile(samples, 50), percentile(samples, 99)
         run = Run(enqueue_rate, bulk, started - asked, n / (finished - started), p50, p99,
-                  *rss)
+                  *rss, load=os.getloadavg()[0])
         if opts.canvas and system.canvas:
             measure_canvas(system, opts, run)
         return run
@@ -233,4 +236,4 @@ def run_once(outcome: Outcome, i: int, opts: argparse.Namespace, root: Path) -> 
                      if value is not None or row in run.canvas_errors)
     console.print(f"  {system.name} {i}/{opts.runs}: delay {run.enqueue:,.0f}/s{bulk}"
                   f"  drain {run.drain:,.0f}/s{rt}{canvas}  worker up "
-                  f"{run.startup * 1000:,.0f} ms")
+                  f"{run.startup * 1000:,.0f} ms  load {run.load:.2f}")

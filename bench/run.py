@@ -36,7 +36,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import control_ping
+import flow
+import latency_load
+import memory as broker_memory
+import outbox as bench_outbox
 import pool_overhead
+import producers
 from celeriac_systems import CeleriacMemory, CeleriacProcess
 from harness import PEERS, BenchError, console, machine_lock, terminate_as_interrupt
 from measuring import Outcome, bench, memory_soak
@@ -51,6 +56,7 @@ from report import (
     report,
     sleep_table,
 )
+from sqs_system import CeleriacSQS
 from systems import System
 
 # The --systems names, in the order they run and are shown.
@@ -58,6 +64,7 @@ SYSTEMS: dict[str, Callable[[], System]] = {
     "redis": lambda: CeleriacProcess("redis", "redis", "prefork", 2, canvas=True),
     "redis-io": lambda: CeleriacProcess("redis-io", "redis", "prefork", 2, io=True),
     "redis-x4": lambda: CeleriacProcess("redis-x4", "redis", "prefork", 2, scale=4),
+    "redis-fair": lambda: CeleriacProcess("redis-fair", "redis", "prefork", 2, fair=True),
     "redis-events": lambda: CeleriacProcess("redis-events", "redis", "prefork", 2, events=True),
     "redis-events-watched": lambda: CeleriacProcess("redis-events-watched", "redis", "prefork",
                                                     2, events=True, watched=True),
@@ -77,10 +84,16 @@ SYSTEMS: dict[str, Callable[[], System]] = {
                 "-l", "warning")),
     "dramatiq-sleep": lambda: PeerSystem(PEERS["dramatiq"], sleep=True, label="2 procs x 8"),
     "sqlite": lambda: CeleriacProcess("sqlite", "sqlite"),
+    "sqs": CeleriacSQS,
     "sqlite-prefork": lambda: CeleriacProcess("sqlite-prefork", "sqlite", "prefork", 2),
     "memory": CeleriacMemory,
     "memory-prefork": lambda: CeleriacMemory("prefork", 2),
 }
+
+
+OPT_IN = {"sqs"}
+"""Systems run only when --systems names them: on moto's server the SQS row drained 75
+tasks/s here, minutes a run at the default --n (bench/sqs_system.py)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=10_000, help="tasks per run (default 10000)")
     parser.add_argument("--runs", type=int, default=3, help="runs per system (default 3)")
-    parser.add_argument("--systems", "--transports", dest="systems", default=",".join(SYSTEMS),
-                        help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all)")
+    parser.add_argument("--systems", "--transports", dest="systems",
+                        default=",".join(k for k in SYSTEMS if k not in OPT_IN),
+                        help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all "
+                             f"but {', '.join(sorted(OPT_IN))})")
     parser.add_argument("--batch", type=int, default=1000,
                         help="bulk enqueue: messages per round trip; 0 skips the bulk "
                              "enqueue (default 1000)")
@@ -97,8 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="round trips timed per run; 0 skips them (default 200)")
     parser.add_argument("--warmup", type=int, default=10,
                         help="untimed round trips before those (default 10)")
+    parser.add_argument("--no-flow", dest="flow", action="store_false",
+                        help="skip the unique check's cost per delay() (bench/flow.py)")
     parser.add_argument("--no-pool-overhead", dest="pool_overhead", action="store_false",
                         help="skip the prefork pool overhead measurement")
+    parser.add_argument("--memory-n", type=int, default=50_000,
+                        help="broker memory: no-argument tasks queued per layout (celeriac, "
+                             "kombu layout, Celery) for bytes per message, and twice as many "
+                             "drained for the worker's RSS (bench/memory.py); 0 skips it")
     parser.add_argument("--soak", type=int, default=100_000,
                         help="tasks of the memory soak: one celeriac worker drains them and "
                              "its memory is read as it goes; 0 skips it (default 100000)")
@@ -115,6 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ping", action="store_true",
                         help="also time `inspect ping` with 1 and 5 workers, celeriac "
                              "against Celery (bench/control_ping.py)")
+    parser.add_argument("--outbox", action="store_true",
+                        help="also time delay() inside app.transaction(conn) against a plain "
+                             "delay() (bench/outbox.py; needs PostgreSQL)")
+    parser.add_argument("--no-producers", dest="producers", action="store_false",
+                        help="skip delay()/s from 1 and 16 threads (bench/producers.py)")
+    parser.add_argument("--latency-load", action="store_true",
+                        help="also time delay() to task start while sending at half the "
+                             "maximum drain for 30 s (bench/latency_load.py; minutes)")
     parser.add_argument("--lock-timeout", type=float, default=600.0,
                         help="how long to wait for another bench run on this machine to "
                              "finish (default 600)")
@@ -142,11 +171,19 @@ def main(argv: list[str] | None = None) -> int:
                 overhead = pool_overhead.measure(runs=min(opts.runs, 3)) \
                     if opts.pool_overhead else None
                 soak = memory_soak(opts.soak, Path(tmp), opts.timeout) if opts.soak else None
+                broker_mem = broker_memory.measure(opts.memory_n, 2 * opts.memory_n,
+                                                   opts.timeout, Path(tmp))
+                unique = flow.measure_if(opts.flow, opts.n, opts.runs)
                 pings = None
                 if opts.ping:
                     pings = control_ping.measure(
                         [n for n in ("celeriac", "celery") if n == "celeriac" or n in names],
                         control_ping.WORKERS, control_ping.PINGS, Path(tmp) / "ping")
+                outbox = bench_outbox.measure_if(opts.outbox, opts.n, opts.runs)
+                threaded = producers.measure_if(opts.producers, opts.n, opts.runs,
+                                                "celery" in names)
+                loaded = latency_load.measure_if(opts.latency_load, opts.runs,
+                                                 "celery" in names, Path(tmp) / "latency")
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; workers and drivers stopped[/]")
             return 130
@@ -173,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(sleep)
     canvas_failed = canvas_failures(outcomes)
     events_cost(outcomes)
+    flow.fair_cost(outcomes)
     pool_ratios(outcomes)
     if overhead is not None:
         console.print(
@@ -181,8 +219,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{overhead['ratio']:.2f}x (target <= 3x)")
     if soak:
         console.print(soak)
+    console.print("\n".join(broker_mem), end="\n" if broker_mem else "")
+    flow.show(unique)
     if pings is not None:
         console.print(control_ping.table(pings))
+    bench_outbox.show(outbox)
+    producers.show(threaded)
+    latency_load.show(loaded)
     console.print(f"[dim]total {time.monotonic() - began:.0f}s[/]")
     return 1 if canvas_failed or any(o.error for o in outcomes) else 0
 

@@ -21,7 +21,8 @@ nothing of it is edited but the rename a porting team applies:
    backend), and with them set no test could make its app;
 5. run ``pytest t/integration`` in a virtualenv of its own (``.celery-suite/venv``:
    celeriac from this checkout, with the suite's test dependencies: pytest-subtests,
-   pytest-timeout, pydantic, cryptography), with ``TEST_BROKER`` and ``TEST_BACKEND``
+   pytest-timeout, pydantic, cryptography, and redis-py below 6, as kombu 5.5 pins it),
+   with ``TEST_BROKER`` and ``TEST_BACKEND``
    both ``redis://127.0.0.1:6379/11`` (a database of its own, emptied before the run;
    the bench's Celery side has 14);
 6. print the counts and the failures grouped by cause, from pytest's JUnit XML.
@@ -62,8 +63,14 @@ TREE = WORK / f"celery-{CELERY_VERSION}"
 VENV = WORK / "venv"
 JUNIT = WORK / "junit.xml"
 SUITE_DEPS = ["pytest>=8", "pytest-timeout>=2.2", "pytest-subtests>=0.14.1", "pydantic>=2",
-              "cryptography"]
-PER_TEST_TIMEOUT = 120  # seconds; Celery's slowest tests wait tens of seconds on purpose
+              "cryptography",
+              # The redis-py Celery 5.5.3's suite runs with (kombu 5.5's redis extra). From
+              # 6.0 on, redis-py's clients time out reading after 5 s and retry: the suite's
+              # BLPOPs of 10 s and more (its own client, ``get_redis_connection``) then
+              # fail after about a minute instead of returning at their timeout.
+              "redis[hiredis]>=5.0.1,!=5.0.2,<=5.2.1"]
+PER_TEST_TIMEOUT = 300  # seconds: Celery's own for its slow tests (``_timeout``); its
+# flag_allow_error_cb tests wait 10 s for what must not happen, twice per header, 7 headers
 EXCLUDED = {
     "t/integration/test_backend.py": "Azure Block Blob result backend: celeriac has none "
                                      "(results: Redis, PostgreSQL, SQLite)",

@@ -20,6 +20,10 @@ if ! up 5432 && command -v pg_ctlcluster >/dev/null; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start \
     && wait_port 5432
 fi
+if ! up 3306 && [ -x /usr/sbin/mariadbd ]; then
+  echo "starting mariadb"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd && wait_port 3306
+fi
 # The dashboard's browser test drives Debian's Chromium (headless).
 if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing chromium for the dashboard's browser test"

@@ -8,8 +8,14 @@ shared ones.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import os
 import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlencode
 
 import pytest
 
@@ -19,6 +25,7 @@ SERVICES = {
     "redis": ("127.0.0.1", 6379, "redis://127.0.0.1:6379/0"),
     "rabbitmq": ("127.0.0.1", 5672, "amqp://guest:guest@127.0.0.1:5672//"),
     "postgres": ("127.0.0.1", 5432, "postgresql://postgres@127.0.0.1:5432/test"),
+    "mysql": ("127.0.0.1", 3306, "mysql://root@127.0.0.1:3306/test"),
 }
 
 
@@ -38,3 +45,93 @@ def require(name: str) -> str:
             pytest.fail(f"{message} (CI=true: services must be up; `make test` starts them)")
         pytest.skip(message)
     return url
+
+
+_MOTO: list[tuple[object, str]] = []
+# Two fixes to moto's SQS server, for the tests only. It reads the clock through
+# datetime objects for every message of a queue on every call (22 us each): a queue of
+# 500 took seconds a call; the plain clock instead. And its receive checks and marks a
+# message visible-then-received without a lock, so two server threads could hand one
+# message to two consumers at once: each receive runs under its queue's lock (which
+# its long poll's wait releases, so a waiting poll blocks nobody).
+_MOTO_MAIN = """
+import functools, sys, time
+import moto.sqs.models as models
+models.unix_time = lambda dt=None: time.time()
+models.unix_time_millis = lambda dt=None: time.time() * 1000.0
+receive = models.SQSBackend.receive_message
+@functools.wraps(receive)
+def locked(self, queue_name, *args, **kwargs):
+    with self.get_queue(queue_name)._messages_lock:
+        return receive(self, queue_name, *args, **kwargs)
+models.SQSBackend.receive_message = locked
+from moto.server import main
+main(sys.argv[1:])
+"""
+
+
+def moto_endpoint() -> str:
+    """The endpoint of moto's SQS server, started once per test process on a free
+    loopback port (``CELERIAC_TEST_SQS_ENDPOINT`` names one already running), stopped when
+    the process exits. Skips (fails under CI) without ``moto[server]``."""
+    given = os.environ.get("CELERIAC_TEST_SQS_ENDPOINT")
+    if given:
+        return given
+    if _MOTO:
+        return _MOTO[0][1]
+    try:
+        import moto.server  # noqa: F401
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"moto[server] is not installed ({exc}); the dev extra has it")
+        pytest.skip(f"moto[server] is not installed: {exc}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", _MOTO_MAIN, "-H", "127.0.0.1",
+                             "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    atexit.register(stop)
+    deadline = time.monotonic() + 30
+    while not reachable("127.0.0.1", port, 0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            pytest.fail(f"moto's server did not start on port {port}")
+        time.sleep(0.05)  # sleep-ok: polling the port under the deadline
+    endpoint = f"http://127.0.0.1:{port}"
+    _MOTO.append((proc, endpoint))
+    _warm_up(endpoint)
+    return endpoint
+
+
+def _warm_up(endpoint: str) -> None:
+    """Import the AWS clients and load SQS's model once per test process (seconds on a
+    loaded machine), so no test's timed section pays for it."""
+    from celeriac.settings import Settings
+    from celeriac.transports.sqs.client import AsyncClient, SyncClient
+    from celeriac.transports.sqs.config import parse
+
+    config = parse(f"sqs://testing:testing@?endpoint_url={endpoint}", Settings())
+    SyncClient(config, 5.0).close()
+
+    async def aio() -> None:
+        client = AsyncClient(config, {}, 5.0)
+        await client.open()
+        await client.close()
+
+    asyncio.run(aio())
+
+
+def sqs_url(namespace: str, **options: str) -> str:
+    """An ``sqs://`` URL on moto's server, its queues named with ``namespace``."""
+    query = urlencode({"endpoint_url": moto_endpoint(), "namespace": namespace, **options})
+    return f"sqs://testing:testing@?{query}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -25,8 +25,11 @@ from .backends.base import ResultBackend, create_backend
 from .canvas import Signature, register_builtins
 from .canvas import signature as _signature
 from .errors import ConfigurationError
+from .fixups import django as _django_fixup
 from .hooks import HookRunner, Hooks
 from .producer import SendOptions, validate_priority
+from .producer import flow as _flow
+from .producer import outbox as _outbox
 from .runtime import state as _state
 from .serialization import compression as _compression
 from .settings import Conf, Settings, config
@@ -134,6 +137,25 @@ class Celeriac:
         self._swap(self.settings.update_from(load_object(obj), namespace),
                    "config_from_object()")
 
+    def setup_security(self, allowed_serializers: Any = None, key: str | None = None,
+                       key_password: str | None = None, cert: str | None = None,
+                       store: str | None = None, digest: str | None = None,
+                       serializer: str = "json") -> None:
+        """Celery's: sign task messages with the ``auth`` serializer
+        (``celeriac.serialization.signing``), from the ``security_*`` settings or these
+        arguments; needs ``task_serializer="auth"`` and ``accept_content=["auth"]``.
+        ``allowed_serializers`` is accepted for Celery's signature: only
+        ``accept_content`` is ever decoded here."""
+        from .serialization import signing  # deferred: only signing apps need it
+
+        s = self.settings
+        signing.setup_security(
+            task_serializer=s.task_serializer, accept_content=s.accept_content,
+            key=key or s.security_key, key_password=key_password or s.security_key_password,
+            cert=cert or s.security_certificate, store=store or s.security_cert_store,
+            digest=digest or s.security_digest, hmac_secrets=s.security_hmac_keys,
+            serializer=serializer)
+
     def _swap(self, new: Settings, what: str) -> None:
         old = self.settings
         if self._finalized:
@@ -165,6 +187,10 @@ class Celeriac:
             return
         self._finalized = True
         try:
+            if os.environ.get("DJANGO_SETTINGS_MODULE"):
+                # Celery's Django fixup: django.setup() before any task module imports a
+                # model.
+                _django_fixup.fixup(self)
             for module in (*self.settings.imports, *self.settings.include):
                 importlib.import_module(module)
             for packages, related_name in self._autodiscover:
@@ -293,6 +319,7 @@ class Celeriac:
         if self._backend is not None:
             self._backend.close()
         self._transport = self._backend = None
+        _flow.close(self)
 
     def add_hooks(self, hooks: Hooks) -> None:
         self.hooks.add(hooks)
@@ -314,6 +341,9 @@ class Celeriac:
         serializer: str | None = ..., compression: str | None = ...,
         track_started: bool | None = ...,
         rate_limit: str | float | None = ..., global_rate_limit: str | float | None = ...,
+        unique_for: float | None = ..., unique_key: Callable[[Any, Any], Any] | None = ...,
+        unique_mode: str = ..., concurrency: int | None = ...,
+        concurrency_key: Callable[[Any, Any], Any] | None = ...,
     ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
     @overload
@@ -329,6 +359,9 @@ class Celeriac:
         serializer: str | None = ..., compression: str | None = ...,
         track_started: bool | None = ...,
         rate_limit: str | float | None = ..., global_rate_limit: str | float | None = ...,
+        unique_for: float | None = ..., unique_key: Callable[[Any, Any], Any] | None = ...,
+        unique_mode: str = ..., concurrency: int | None = ...,
+        concurrency_key: Callable[[Any, Any], Any] | None = ...,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -529,6 +562,7 @@ class Celeriac:
         serializer: str | None = None,
         compression: str | None = None,
         chunk_size: int = 1000,
+        fair_key: str | None = None,
     ) -> list[_result.AsyncResult[Any]]:
         """Send task ``name`` once per call in ``calls``, ``chunk_size`` per broker round trip.
 
@@ -538,7 +572,7 @@ class Celeriac:
         """
         options = SendOptions(queue=queue, priority=priority, countdown=countdown,
                               serializer=serializer, compression=compression,
-                              add_to_parent=False).check()
+                              add_to_parent=False, fair_key=fair_key).check()
         return producer.send_many(self, name, calls, options, chunk_size)
 
     def publish_prepared(self, items: Iterable[Outgoing], *, chunk_size: int = 1000,
@@ -549,9 +583,23 @@ class Celeriac:
         return producer.publish_prepared(self, items, chunk_size=chunk_size, retry=retry,
                                          retry_policy=retry_policy)
 
+    def transaction(self, conn: Any = None, *, using: str | None = None
+                    ) -> contextlib.AbstractContextManager[Any]:
+        """``with app.transaction(conn):``: every message this app sends in the block
+        (``delay()``, ``apply_async()``, ``send_task()``, canvas) is written to the
+        outbox table in the block's PostgreSQL transaction, and a relay publishes it
+        once it committed (``celeriac outbox relay``, ``worker_outbox``). ``conn``: a
+        psycopg 3 connection, Django's connection (or ``using="alias"``), an SQLAlchemy
+        ``Session`` or ``Connection``; the block is a transaction of it (a savepoint in
+        one already open) and an exception rolls it back, messages included
+        (docs/guide/outbox.md)."""
+        return _outbox.transaction(self, conn, using=using)
+
     async def asend_task(self, name: str, args: Sequence[Any] | None = None,
                          kwargs: Mapping[str, Any] | None = None, **options: Any
                          ) -> _result.AsyncResult[Any]:
+        import asyncio  # deferred: ~20 ms (ssl, subprocess); an awaiting caller has it
+
         return await asyncio.to_thread(self.send_task, name, args, kwargs, **options)
 
     # -- periodic tasks (celeriac.beat) ---------------------------------------------------
@@ -607,6 +655,7 @@ def _task_options(name: str, options: dict[str, Any]) -> TaskOptions:
                 parse_rate(options[option])
             except ValueError as exc:
                 raise ConfigurationError(f"task {name!r}: {option}: {exc}") from None
+    _flow.check_options(name, options)
     autoretry = options.get("autoretry_for")
     if isinstance(autoretry, list):
         options["autoretry_for"] = tuple(autoretry)

@@ -8,7 +8,8 @@
     ├── SerializationError
     │   ├── EncodeError             a producer's arguments cannot be serialized
     │   └── DecodeError             a message body or result cannot be decoded
-    │       └── ContentDisallowed   the content type is not in ``accept_content``
+    │       ├── ContentDisallowed   the content type is not in ``accept_content``
+    │       └── SecurityError       a signed message's signature is missing or wrong
     ├── BrokerError
     │   ├── OperationalError        the broker failed an operation after retries
     │   │   ├── BrokerUnavailable   the broker cannot be reached
@@ -70,6 +71,11 @@ class DecodeError(SerializationError):
 
 class ContentDisallowed(DecodeError):
     """The content type is not listed in ``accept_content``."""
+
+
+class SecurityError(DecodeError):
+    """A signed message (the ``auth`` serializer) is unsigned, tampered with, or signed
+    by a key or certificate this process does not trust."""
 
 
 class BrokerError(CeleriacError):

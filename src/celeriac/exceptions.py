@@ -50,6 +50,7 @@ from .errors import (
     Reject,
     ResultTimeout,
     Retry,
+    SecurityError,
     SerializationError,
     SoftTimeLimitExceeded,
     TaskControl,
@@ -93,8 +94,6 @@ _ABSENT: dict[str, str] = {
     "SecurityWarning": _WARNINGS,
     "CPendingDeprecationWarning": _WARNINGS,
     "CDeprecationWarning": _WARNINGS,
-    "SecurityError": ("celeriac has no message signing (the auth serializer); remote "
-                      "control can be HMAC-signed with control_signing_key instead"),
     "AlreadyRegistered": ("registering a task name twice is not an error in celeriac (the "
                           "later definition wins, with a warning in the log)"),
     "BackendError": _BACKEND,
@@ -133,6 +132,7 @@ __all__ = [
     "QueueNotFound",
     "Reject",
     "Retry",
+    "SecurityError",
     "SerializationError",
     "SoftTimeLimitExceeded",
     "TaskError",

@@ -64,6 +64,15 @@ class Message:
         return Message({**self.headers, **changes}, self.body, self.content_type,
                        self.content_encoding, self.properties)
 
+    def packed(self) -> tuple[bytes, bytes]:
+        """``(envelope, body)`` in the compact form (``pack``)."""
+        return pack(self)
+
+    @classmethod
+    def from_packed(cls, envelope: bytes, body: bytes) -> Message:
+        """A message from ``packed()``'s parts, or from ``envelope()`` and the body."""
+        return unpack(envelope, body)
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
@@ -142,6 +151,119 @@ def task_properties(task_id: str, priority: int, reply_to: str | None = None) ->
         "delivery_mode": 2,
         "priority": priority,
     }
+
+
+# -- the compact envelope: how the Redis transport stores a message -------------------------
+# Every message carries the same dozen headers, most at the value ``task_headers`` and
+# ``task_properties`` give them (nulls, "py", 0, root_id and correlation_id equal to the
+# id). The compact envelope keeps only what differs, and ``unpack`` puts the rest back:
+# the message that comes out equals, key for key, the one that went in. Values compare by
+# type too (a retries of False is not the default 0). A mapping that lacks one of those
+# keys (another producer's) is kept whole, flagged not to be filled in.
+_SAME_AS_ID: Any = object()
+_HEADER_DEFAULTS: dict[str, Any] = {
+    "lang": "py", "shadow": None, "eta": None, "expires": None, "group": None,
+    "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": _SAME_AS_ID,
+    "parent_id": None, "argsrepr": "()", "kwargsrepr": "{}", "ignore_result": False,
+}
+_PROPERTY_DEFAULTS: dict[str, Any] = {
+    "correlation_id": _SAME_AS_ID, "reply_to": None, "delivery_mode": 2, "priority": 0,
+}
+_EMPTY_BODY = b'[[],{},{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]'
+"""A no-argument call's JSON body (``producer/messages.py``): stored as nothing."""
+_NO_DEFAULT: Any = object()
+
+
+def pack(message: Message) -> tuple[bytes, bytes]:
+    """``(envelope, body)``: ``[headers, properties, extra]`` in JSON with the default
+    values left out (``extra`` only when needed), and the body (empty when it is the
+    no-argument call's). ``unpack`` restores the message."""
+    task_id = message.headers.get("id")
+    extra: dict[str, Any] = {}
+    h = _strip(message.headers, _HEADER_DEFAULTS, task_id)
+    if h is None:
+        h, extra["wh"] = message.headers, 1
+    p = _strip(message.properties, _PROPERTY_DEFAULTS, task_id)
+    if p is None:
+        p, extra["wp"] = message.properties, 1
+    if message.content_type != "application/json":
+        extra["ct"] = message.content_type
+    if message.content_encoding != "utf-8":
+        extra["ce"] = message.content_encoding
+    body = message.body
+    if body == _EMPTY_BODY and "ct" not in extra:
+        extra["b"], body = 1, b""
+    return orjson.dumps([h, p, extra] if extra else [h, p]), body
+
+
+def unpack(envelope: bytes, body: bytes) -> Message:
+    """The message of ``pack``'s ``(envelope, body)``; an ``envelope()`` (a JSON object,
+    the form before the compact one) is read too."""
+    if envelope[:1] != b"[":
+        return Message.from_envelope(envelope, body)
+    try:
+        packed = orjson.loads(envelope)
+        h, p = packed[0], packed[1]
+        extra = packed[2] if len(packed) > 2 else {}
+        if not (isinstance(h, dict) and isinstance(p, dict) and isinstance(extra, dict)):
+            raise TypeError("not [headers, properties, extra] mappings")
+        task_id = h.get("id")
+        headers = h if extra.get("wh") else _restore(h, _HEADER_SPEC, task_id)
+        properties = p if extra.get("wp") else _restore(p, _PROPERTY_SPEC, task_id)
+        ct, ce = extra.get("ct", "application/json"), extra.get("ce", "utf-8")
+    except (orjson.JSONDecodeError, IndexError, TypeError) as exc:
+        raise DecodeError(f"malformed message envelope: {exc}") from exc
+    return Message(headers, _EMPTY_BODY if extra.get("b") else body, ct, ce, properties)
+
+
+def _strip(values: dict[str, Any], defaults: dict[str, Any], task_id: Any
+           ) -> dict[str, Any] | None:
+    """``values`` without those at their default; None if it lacks one of them."""
+    # One pass, no call per value: this runs for every message a producer sends.
+    kept: dict[str, Any] = {}
+    found = 0
+    for k, v in values.items():
+        d = defaults.get(k, _NO_DEFAULT)
+        if d is _NO_DEFAULT:
+            kept[k] = v
+            continue
+        found += 1
+        if v is None:
+            if d is not None:
+                kept[k] = v
+        elif d is _SAME_AS_ID:
+            if type(v) is not str or v != task_id:
+                kept[k] = v
+        elif d is None or type(v) is not type(d) or v != d:
+            kept[k] = v
+    return kept if found == len(defaults) else None
+
+
+def _spec(defaults: dict[str, Any]
+          ) -> tuple[dict[str, Any], tuple[str, ...], tuple[tuple[str, list[Any]], ...]]:
+    """``defaults`` for ``_restore``: the plain values, the names equal to the id, the
+    lists (copied for each message)."""
+    same = tuple(k for k, v in defaults.items() if v is _SAME_AS_ID)
+    lists = tuple((k, v) for k, v in defaults.items() if isinstance(v, list))
+    plain = {k: v for k, v in defaults.items() if k not in same and not isinstance(v, list)}
+    return plain, same, lists
+
+
+_HEADER_SPEC = _spec(_HEADER_DEFAULTS)
+_PROPERTY_SPEC = _spec(_PROPERTY_DEFAULTS)
+
+
+def _restore(kept: dict[str, Any], spec: tuple[dict[str, Any], tuple[str, ...],
+                                               tuple[tuple[str, list[Any]], ...]],
+             task_id: Any) -> dict[str, Any]:
+    plain, same, lists = spec
+    out = plain.copy()
+    for k in same:
+        out[k] = task_id
+    for k, v in lists:
+        out[k] = list(v)
+    out.update(kept)
+    return out
 
 
 MAX_ID = 255

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import sys
@@ -64,7 +63,13 @@ class AsyncResult(Generic[R]):
         return f"<{type(self).__name__}: {self.id}>"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, AsyncResult) and other.id == self.id
+        # Equal to its id too, as Celery's (``parent_id in group_result.results``); the
+        # hash is the id's, so a result and its id are one key.
+        if isinstance(other, AsyncResult):
+            return other.id == self.id
+        if isinstance(other, str):
+            return other == self.id
+        return NotImplemented
 
     def __hash__(self) -> int:
         return hash(self.id)
@@ -274,6 +279,8 @@ class AsyncResult(Generic[R]):
 
     async def aget(self, timeout: float | None = None, propagate: bool = True) -> R:
         """``get()`` for async code; waits in a thread so the event loop keeps running."""
+        import asyncio  # deferred: ~20 ms (ssl, subprocess); an awaiting caller has it
+
         return await asyncio.to_thread(self.get, timeout, propagate)
 
     def _outcome(self, meta: ResultMeta, propagate: bool) -> Any:
@@ -521,6 +528,8 @@ class ResultSet:
         return self.get(timeout, propagate)
 
     async def aget(self, timeout: float | None = None, propagate: bool = True) -> list[Any]:
+        import asyncio  # deferred: ~20 ms (ssl, subprocess); an awaiting caller has it
+
         return await asyncio.to_thread(self.get, timeout, propagate)
 
     # -- acting ---------------------------------------------------------------------------
@@ -567,6 +576,8 @@ class GroupResult(ResultSet):
         return f"<GroupResult: {self.id} [{', '.join(r.id for r in self.results)}]>"
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return other == self.id  # as Celery's
         return (isinstance(other, GroupResult) and other.id == self.id
                 and other.results == self.results)
 

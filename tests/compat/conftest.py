@@ -26,7 +26,8 @@ from tests.services import IN_CI
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-REQUIREMENTS = ("celery[redis,sqlalchemy]>=5.3,<6", "flower", "psycopg[binary]")
+REQUIREMENTS = ("celery[redis,sqlalchemy,sqs]>=5.3,<6", "flower", "psycopg[binary]",
+                "cryptography", "PyMySQL")
 
 
 def _venv() -> Any:

@@ -21,7 +21,7 @@ from celeriac.backends.base import ResultBackend, backend_class, create_backend
 from celeriac.settings import Settings
 from celeriac.transports.base import Transport, create_transport, transport_class
 from tests.loops import forget, track
-from tests.services import require
+from tests.services import require, sqs_url
 
 
 def _namespaced(service: str) -> Callable[[Path], str]:
@@ -43,6 +43,8 @@ TRANSPORT_URLS: dict[str, Callable[[Path], str]] = {
     # Celery's layout has no namespace: kombu's global key prefix keeps tests apart.
     "redis-kombu": lambda tmp: f"{require('redis')}?layout=kombu&global_keyprefix="
                                f"t{uuid.uuid4().hex[:12]}:",
+    # moto's server (tests/services.py); broadcasts go through Redis (SQS has no fanout).
+    "sqs": lambda tmp: sqs_url(f"t{uuid.uuid4().hex[:12]}", fanout_url=require("redis")),
 }
 
 
@@ -105,6 +107,60 @@ def _celery_database(tmp: Path) -> str:
 
 
 BACKEND_URLS["postgres-celery"] = _celery_database
+
+
+def _mysql_database(tmp: Path) -> str:
+    """A MariaDB/MySQL database of the test's own (dropped after it: ``_drop_mysql``)."""
+    import pymysql
+
+    server = require("mysql").rsplit("/", 1)[0]
+    name = f"celeriac_t{uuid.uuid4().hex[:12]}"
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}`")
+    finally:
+        conn.close()
+    return f"{server}/{name}"
+
+
+def _drop_mysql(url: str) -> None:
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{url.rsplit('/', 1)[1].split('?')[0]}`")
+    finally:
+        conn.close()
+
+
+BACKEND_URLS["mysql"] = _mysql_database
+# Celery's SQLAlchemy tables have fixed names: the test's own database keeps them apart.
+BACKEND_URLS["mysql-celery"] = lambda tmp: f"db+{_mysql_database(tmp)}"
+
+
+def _django_db(alias: str) -> Callable[[Path], str]:
+    """django-celery-results' tables (made from its models) in a database of this test
+    process's own, emptied for each test: ``tests/django/env.py``."""
+
+    def url(tmp: Path) -> str:
+        from tests.django import env
+
+        if alias == env.PG_ALIAS:
+            require("postgres")
+        env.configure()
+        if alias == env.PG_ALIAS:
+            env.create_pg_database()
+        env.create_tables(alias, ("django_celery_results",))
+        env.empty(alias)
+        return f"django-db://{alias}"
+
+    return url
+
+
+BACKEND_URLS["django-sqlite"] = _django_db("default")
+BACKEND_URLS["django-postgres"] = _django_db("pg")
 
 
 class TransportFactory:
@@ -246,11 +302,28 @@ NOT_ON_AMQP = {
 }
 
 
+# And what SQS does not offer (tests/contracts/test_sqs_specific.py checks SQS's own way).
+NOT_ON_SQS = {
+    **dict.fromkeys(("test_higher_priority_first", "test_priority_applies_across_queues"),
+                    "SQS has no priorities (Celery on SQS alike)"),
+    **dict.fromkeys(("test_delayed_message_is_held_until_due",
+                     "test_idle_fetch_returns_a_delayed_message_published_while_it_waits",
+                     "test_requeue_with_a_delay_holds_it_in_the_delay_store"),
+                    "SQS delays are whole seconds (DelaySeconds): sub-second ones round up"),
+    "test_expired_lease_returns_messages_through_another_heartbeat":
+        "SQS returns a silent consumer's messages itself when their visibility lapses",
+    "test_disconnect_returns_owned_messages_uncounted":
+        "SQS cannot put a message back in place uncounted: a copy goes to the back",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         name = item.name.split("[")[0]
         if name in NOT_ON_AMQP and item.name.endswith("[amqp]"):
             item.add_marker(pytest.mark.skip(reason=f"not on AMQP: {NOT_ON_AMQP[name]}"))
+        if name in NOT_ON_SQS and item.name.endswith("[sqs]"):
+            item.add_marker(pytest.mark.skip(reason=f"not on SQS: {NOT_ON_SQS[name]}"))
 
 
 def _namespace(url: str) -> str:
@@ -278,6 +351,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BackendF
     factory.close_all()
     if request.param == "postgres":
         _drop_postgres_table(factory.url)
+    elif request.param in ("mysql", "mysql-celery"):
+        _drop_mysql(factory.url)
     elif request.param == "redis":
         _drop_redis_namespace(factory.url)
 

@@ -51,7 +51,7 @@ CELERY_EXCEPTIONS = {
 CELERY_EXCEPTIONS_LEFT_OUT = [
     "CeleriacWarning", "AlwaysEagerIgnored", "DuplicateNodenameWarning", "FixupWarning",
     "NotConfigured", "SecurityWarning", "CPendingDeprecationWarning", "CDeprecationWarning",
-    "SecurityError", "AlreadyRegistered", "BackendError", "BackendGetMetaError",
+    "AlreadyRegistered", "BackendError", "BackendGetMetaError",
     "BackendStoreError", "Terminated", "CeleriacCommandException",
 ]
 

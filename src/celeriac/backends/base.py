@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -125,7 +125,10 @@ class ResultBackend(abc.ABC):
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
         self.settings = settings
-        self.accept = serialization.accepted_content_types(settings.accept_content)
+        accept = settings.accept_content
+        if "auth" in accept:  # results are never signed (Celery's): take their serializer
+            accept = (*accept, settings.result_serializer)
+        self.accept = serialization.accepted_content_types(accept)
         self.compression = settings.result_compression if self.compresses else None
         if settings.result_compression and not self.compresses and \
                 self.scheme not in _IGNORING:
@@ -190,13 +193,16 @@ class ResultBackend(abc.ABC):
 
     # -- shared logic -------------------------------------------------------------------
     def store(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
-              retries: int = 0) -> None:
+              retries: int = 0, properties: Mapping[str, Any] | None = None) -> None:
         self.store_many([self.encode(task_id, state, result, traceback=traceback,
-                                     retries=retries)])
+                                     retries=retries, properties=properties)])
 
     def encode(self, task_id: str, state: str, result: Any, *, traceback: str | None = None,
-               retries: int = 0, extended: dict[str, Any] | None = None) -> Stored:
-        """The result as ``store`` would write it, for ``store_many`` (here or elsewhere)."""
+               retries: int = 0, extended: dict[str, Any] | None = None,
+               properties: Mapping[str, Any] | None = None) -> Stored:
+        """The result as ``store`` would write it, for ``store_many`` (here or elsewhere).
+        ``properties`` are the task message's (``reply_to``, ``correlation_id``): where
+        ``rpc://`` sends the result; the backends that store results ignore them."""
         if isinstance(result, BaseException):
             result = exception_to_dict(result)
         meta = {
@@ -352,6 +358,14 @@ BACKENDS: SchemeRegistry[ResultBackend] = SchemeRegistry("result backend", "resu
     # Celery's SQLAlchemy backend's URL: its celery_taskmeta table (compatibility mode).
     "db+postgresql": ("celeriac.compat.db_results", "CeleryDatabaseBackend"),
     "db+postgres": ("celeriac.compat.db_results", "CeleryDatabaseBackend"),
+    "mysql": ("celeriac.backends.mysql", "MySQLBackend"),
+    "rpc": ("celeriac.backends.rpc", "RPCBackend"),
+    # Celery's SQLAlchemy tables on MySQL/MariaDB (the driver's name is optional).
+    **dict.fromkeys(("db+mysql", "db+mysql+pymysql", "db+mysql+mysqldb"),
+                    ("celeriac.compat.db_results_mysql", "CeleryMySQLBackend")),
+    # django-celery-results' tables through the Django project's DATABASES ("django-db",
+    # Celery's name, is "django-db://default").
+    "django-db": ("celeriac.backends.django_db", "DjangoBackend"),
 }, layouts={
     # Compatibility mode: Celery's celery-task-meta-<id> keys. A kombu-layout broker URL
     # that is also the result backend (no result_backend set) means Celery's results, as a
@@ -373,8 +387,14 @@ def known_schemes() -> list[str]:
 
 
 def backend_class(url: str) -> type[ResultBackend]:
-    return BACKENDS.lookup(url)
+    return BACKENDS.lookup(_with_scheme(url))
 
 
 def create_backend(url: str, settings: Settings) -> ResultBackend:
-    return backend_class(url)(url, settings)
+    return backend_class(url)(_with_scheme(url), settings)
+
+
+def _with_scheme(url: str) -> str:
+    """Celery's bare ``django-db`` and ``rpc`` as URLs."""
+    bare = url.strip()
+    return f"{bare}://" if bare in ("django-db", "rpc") else url

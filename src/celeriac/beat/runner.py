@@ -18,6 +18,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from ..worker.timer import Entry, Timer
+from .django import create_beat
 from .service import Beat
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ async def run_standalone(app: Celeriac, max_interval: float | None = None) -> in
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    beat = Beat(app, max_interval=max_interval)
+    beat = create_beat(app, max_interval=max_interval)
     runner = BeatRunner(beat, Timer(loop))
     logger.warning("beat %s starting: store %s, lease %gs", beat.id, beat.store.safe_url,
                    beat.lease_timeout)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ..worker.blueprint import Step
 from ..worker.steps import TimerStep
+from .django import create_beat
 from .runner import BeatRunner
-from .service import Beat
 
 
 class BeatStep(Step):
@@ -15,7 +15,7 @@ class BeatStep(Step):
 
     async def start(self) -> None:
         w = self.worker
-        self.runner = BeatRunner(Beat(w.app, hostname=w.hostname), w.timer)
+        self.runner = BeatRunner(create_beat(w.app, hostname=w.hostname), w.timer)
         self.runner.start()
 
     async def stop(self) -> None:

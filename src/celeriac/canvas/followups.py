@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .. import states
 from ..errors import ChordError, DecodeError
 from ..producer import SendOptions, build
+from ..producer.publish import publish_one
 from ..protocol import new_id, parse_time
 from ..result import AsyncResult, GroupResult
 from ..runtime import request as _runtime_request
@@ -346,7 +347,7 @@ def send(app: Celeriac, sig: Mapping[str, Any], prefix: Sequence[Any],
              "errbacks": options.pop("link_error", None) or None,
              "chain": chain or None, "chord": options.pop("chord", None)}
     queue, message, delay = _message(app, sig["task"], args, kwargs, embed, options, lineage)
-    app.publisher.publish(queue, message, delay=delay)
+    publish_one(app, queue, message, delay)  # with the hooks: a tracer's context
     return [((message.headers["id"], None), None)]
 
 

@@ -172,6 +172,11 @@ class Signature(dict[str, Any]):
         return str(self["task"])
 
     @property
+    def name(self) -> str:
+        """The task's name, as ``Task.name`` (Celery's duck typing)."""
+        return str(self["task"])
+
+    @property
     def args(self) -> tuple[Any, ...]:
         return tuple(self["args"])
 
@@ -380,9 +385,10 @@ class Signature(dict[str, Any]):
             return chord(self, other.clone(), app=self._app or other._app)
         if not isinstance(other, Signature):
             return NotImplemented
-        steps = [*(self.tasks if isinstance(self, chain) else [self]),
-                 *(other.tasks if isinstance(other, chain) else [other])]
-        return chain(*(s.clone() for s in steps), app=self._app or other._app)
+        # A chain's own links go with its steps (``unchain_tasks``), as Celery's.
+        steps = [*(self.unchain_tasks() if isinstance(self, chain) else [self.clone()]),
+                 *(other.unchain_tasks() if isinstance(other, chain) else [other.clone()])]
+        return chain(*steps, app=self._app or other._app)
 
     def __ior__(self, other: Any) -> Any:
         return self.__or__(other)

@@ -35,7 +35,8 @@ def _members(tasks: tuple[Any, ...], app: Celeriac | None) -> list[Signature]:
 def _is_task(value: Any) -> bool:
     """A task or a shared-task proxy, told by what it has (the canvas never imports the
     task class)."""
-    return isinstance(getattr(value, "name", None), str) and hasattr(value, "apply_async")
+    return not isinstance(value, Mapping) and isinstance(getattr(value, "name", None), str) \
+        and hasattr(value, "apply_async")  # a signature has both too
 
 
 def _as_signature(value: Any, app: Celeriac | None) -> Signature:
@@ -75,6 +76,18 @@ class chain(Signature):
     def __repr__(self) -> str:
         return " | ".join(map(repr, self.tasks)) or "chain(<empty>)"
 
+    def unchain_tasks(self) -> list[Signature]:
+        """The steps, copied, with the chain's own links (Celery's; what it is spliced into
+        another as): its callbacks on the last step, its errbacks on every step."""
+        tasks = [t.clone() for t in self.tasks]
+        if tasks:
+            for callback in _as_list(self.options.get("link")):
+                tasks[-1].link(callback)
+            for errback in _as_list(self.options.get("link_error")):
+                for task in tasks:
+                    task.link_error(errback)
+        return tasks
+
     def stamp(self, visitor: StampingVisitor | None = None,  # type: ignore[override]
               append_stamps: bool = False, **headers: Any) -> None:
         """Stamp every step (and the chain's links), as Celery's ``chain.stamp``."""
@@ -100,7 +113,7 @@ class chain(Signature):
         while pending:
             step = pending.pop(0)
             if isinstance(step, chain):
-                pending[:0] = step.tasks
+                pending[:0] = step.unchain_tasks()
             elif isinstance(step, group) and len(step.tasks) == 1:
                 # A group of one is its member (Celery's maybe_unroll_group).
                 pending.insert(0, step.tasks[0].clone())
@@ -317,6 +330,13 @@ class group(Signature):
         if self.app.settings.task_always_eager:
             return self.apply(args, kwargs, **options)
         opts = {**self.options, **options}
+        only = self.tasks[0] if len(self.tasks) == 1 else None
+        if isinstance(only, chain) and only.tasks and isinstance(only.tasks[-1], group) \
+                and "group_id" not in opts:  # Celery's special case: group(a | group(b,
+            # c)) is that chain, its result the inner group's ([b, c]), not [[b, c]].
+            result = only.apply_async(args, kwargs, **opts)
+            assert isinstance(result, GroupResult)  # a chain's is its last step's
+            return result
         group_id = opts.pop("task_id", None) or new_id()
         retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
         results: list[AsyncResult[Any]] = []
@@ -383,8 +403,10 @@ class chord(Signature):
                 header = [header]
         elif _is_task(header):
             header = [header]
+        # Copies (Celery's): linking the chord's errback never changes the caller's.
         members = header if isinstance(header, group) else group(
-            [] if self._stream is not None else list(header), app=app)
+            [] if self._stream is not None else [_as_signature(t, app).clone()
+                                                 for t in header], app=app)
         body_sig = maybe_signature(body, app) if body is not None else None
         super().__init__("celery.chord", (), {"header": members, "body": body_sig},
                          options, subtask_type="chord",
@@ -436,6 +458,19 @@ class chord(Signature):
         self.kwargs["header"] = value if isinstance(value, group) else group(
             list(value), app=self._app)
 
+    def link_error(self, errback: Mapping[str, Any]) -> Signature:
+        """Celery's: linked to the body (``apply_async`` moves it there) and, with
+        ``task_allow_error_cb_on_chord_header``, to every header task, immutable."""
+        sig = maybe_signature(errback, self._app)
+        on_header = self.app.settings.task_allow_error_cb_on_chord_header
+        if self._stream is not None:
+            # Not read here: each member is linked as the stream yields it.
+            self._stream = _linking(self._stream, sig, on_header, self._app)
+        else:
+            for task in self.tasks:
+                _link_header_task(task, sig, on_header)
+        return self._append_option("link_error", sig)
+
     def stamp(self, visitor: StampingVisitor | None = None,  # type: ignore[override]
               append_stamps: bool = False, **headers: Any) -> None:
         """Stamp the header's tasks, the chord's links, and the body (with what
@@ -470,6 +505,7 @@ class chord(Signature):
         options = {k: v for k, v in options.items() if v is not None}
         if self.app.settings.task_always_eager:
             return self.apply(args, kwargs, **options)
+        self.app.backend.ensure_chords_allowed()  # Celery's check: rpc:// refuses chords
         opts = {**self.options, **options}
         retry, policy = opts.pop("retry", None), opts.pop("retry_policy", None)
         body = self.body.clone()
@@ -606,6 +642,22 @@ def _upgrade(prev: Signature, step: Signature, app: Celeriac | None) -> Signatur
         if body is not None and isinstance(prev.body, (group, chord)):
             return chord(prev.header, body, app=app, **prev.options)
     return None
+
+
+def _link_header_task(task: Signature, errback: Signature, on_header: bool) -> None:
+    """With the flag, an immutable copy (Celery's); a chord links it for its own body."""
+    if on_header:
+        task.link_error(errback.clone().set(immutable=True))
+    if isinstance(task, chord):
+        task.link_error(errback)
+
+
+def _linking(stream: Iterator[Any], errback: Signature, on_header: bool,
+             app: Celeriac | None) -> Iterator[Signature]:
+    for member in stream:
+        task = _as_signature(member, app)
+        _link_header_task(task, errback, on_header)
+        yield task
 
 
 def _applied(member: Signature) -> bool:

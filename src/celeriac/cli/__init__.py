@@ -20,6 +20,7 @@ from .events import events
 from .health import health
 from .loader import AppLoader
 from .multi import multi
+from .outbox import outbox
 from .report import report
 from .shell import shell
 from .tasks import call, purge, result
@@ -45,5 +46,5 @@ def main(ctx: click.Context, app_spec: str | None) -> None:
 
 
 for _command in (worker, beat, call, result, purge, dead, events, dashboard, report,
-                 shell, multi, health, inspect, control, status, revoke):
+                 shell, multi, health, inspect, control, status, revoke, outbox):
     main.add_command(_command)

@@ -20,6 +20,8 @@ module                       what it holds
                              lists and ``unacked`` hash, leases as its visibility timeout
 ``redis_pubsub.py``          ``RedisExchanges``: kombu's exchanges on Redis (fanout/topic
                              PUBLISH and (P)SUBSCRIBE; direct through ``_kombu.binding.*``)
+``sqs_broker.py``            ``KombuSQSTransport`` (``sqs://...?layout=kombu``): kombu's
+                             SQS bodies (base64 of its envelope), Celery's ``eta`` header
 ``amqp_broker.py``           ``KombuAMQPTransport`` (``amqp://...?layout=kombu``) and
                              ``AMQPExchanges``: Celery's exchanges declared as Celery does
 ``channels.py``              ``CeleryChannels``: a kombu-layout transport's events, control
@@ -31,6 +33,8 @@ module                       what it holds
                              ``celery-task-meta-<id>`` keys, Celery's chord counters
 ``db_results.py``            ``CeleryDatabaseBackend`` (``db+postgresql://``): Celery's
                              ``celery_taskmeta`` / ``celery_tasksetmeta`` tables
+``db_results_mysql.py``      ``CeleryMySQLBackend`` (``db+mysql://``): the same tables on
+                             MySQL/MariaDB
 ============================ ==============================================================
 
 Imports run one way: the brokers and backends use ``kombu_wire``, ``channels``,

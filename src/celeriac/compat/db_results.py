@@ -111,6 +111,70 @@ def _value(stored: Any) -> Any:
     return orjson.loads(data)
 
 
+def row_meta(row: Sequence[Any], extended: Sequence[str]) -> bytes:
+    """A ``celery_taskmeta`` row (``task_id, status, result, traceback, date_done,
+    children``, then the ``extended`` columns) as the JSON of celeriac's result meta."""
+    task_id, status, result, tb, done, sent = row[:6]
+    try:
+        value, sent = _value(result), _value(sent)
+    except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError) as exc:
+        raise DecodeError(f"the result of {task_id} in celery_taskmeta is neither "
+                          f"JSON nor a pickle of plain data ({exc}); use "
+                          "result_serializer='json' on the Celery side") from exc
+    meta: dict[str, Any] = {
+        "status": status, "result": value, "traceback": tb,
+        "date_done": done.replace(tzinfo=UTC).isoformat() if done else None,
+        "task_id": task_id, "children": sent or []}
+    for name, field in zip(extended, row[6:], strict=True):
+        meta[name] = orjson.loads(field) if name in ("args", "kwargs") and \
+            field is not None else field
+    if meta.get("name") is None:
+        for name in extended:
+            meta.pop(name, None)
+    return orjson.dumps(meta)
+
+
+def group_meta(group_id: str, stored: Any) -> bytes | None:
+    """A ``celery_tasksetmeta`` row's result as a saved group's meta (``GroupResult.
+    restore``), or None (logged) when it cannot be read."""
+    try:
+        ids = [tuple_id(node) for node in _value(stored)[1]]
+    except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError,
+            IndexError, TypeError) as exc:
+        logger.warning("group %s: its celery_tasksetmeta row is unreadable: %s",
+                       group_id, exc)
+        return None
+    return orjson.dumps({"status": "SUCCESS", "task_id": group_id,
+                         "result": {"group_id": group_id, "results": ids}})
+
+
+def group_row(item: Stored) -> tuple[str, bytes]:
+    """celeriac's ``GroupResult.save`` as Celery's ``_save_group``: the group's id and
+    its ``as_tuple()`` for ``celery_tasksetmeta``."""
+    group_id = item.task_id[len(GROUP_KEY_PREFIX):]
+    ids = (orjson.loads(item.data).get("result") or {}).get("results") or []
+    return group_id, orjson.dumps([[group_id, None], [[[i, None], None] for i in ids]])
+
+
+def task_row(item: Stored, extended: Sequence[str], children: bool) -> list[Any]:
+    """The ``celery_taskmeta`` values of a stored result: ``task_id, status, result,
+    date_done, traceback``, the ``extended`` columns, then ``children`` if the table
+    has it."""
+    meta = orjson.loads(item.data)
+    done = meta.get("date_done")
+    row: list[Any] = [
+        item.task_id, meta["status"], orjson.dumps(meta.get("result")),
+        datetime.fromisoformat(done).astimezone(UTC).replace(tzinfo=None) if done
+        else None, meta.get("traceback")]
+    for name in extended:
+        value = meta.get(name)
+        row.append(orjson.dumps(value) if name in ("args", "kwargs") and
+                   value is not None else value)
+    if children:
+        row.append(orjson.dumps(meta["children"]) if meta.get("children") else None)
+    return row
+
+
 class CeleryDatabaseBackend(ResultBackend):
     scheme = "db+postgresql"
     chords_by_unlock = True
@@ -186,7 +250,7 @@ class CeleryDatabaseBackend(ResultBackend):
                f"(nextval('task_id_sequence'), %s, {', '.join(['%s'] * len(names))}) "
                f"ON CONFLICT (task_id) DO UPDATE SET "
                + ", ".join(f"{n} = EXCLUDED.{n}" for n in names))
-        rows = [self._row(item, extended) for item in items]
+        rows = [task_row(item, extended, "children" in self._columns) for item in items]
         with conn.transaction(), conn.cursor() as cur:
             cur.executemany(sql, rows)
             cur.execute(f"NOTIFY {CHANNEL}")  # delivered at commit
@@ -194,12 +258,7 @@ class CeleryDatabaseBackend(ResultBackend):
     def _save_groups(self, groups: Sequence[Stored]) -> None:
         """celeriac's ``GroupResult.save`` as Celery's ``_save_group``: the group's
         ``as_tuple()`` in ``celery_tasksetmeta``."""
-        rows = []
-        for item in groups:
-            group_id = item.task_id[len(GROUP_KEY_PREFIX):]
-            ids = (orjson.loads(item.data).get("result") or {}).get("results") or []
-            value = orjson.dumps([[group_id, None], [[[i, None], None] for i in ids]])
-            rows.append((group_id, value))
+        rows = [group_row(item) for item in groups]
         conn = self._conn()
         with conn.transaction(), conn.cursor() as cur:
             cur.executemany(
@@ -207,21 +266,6 @@ class CeleryDatabaseBackend(ResultBackend):
                 "(nextval('taskset_id_sequence'), %s, %s, now() at time zone 'utc') "
                 "ON CONFLICT (taskset_id) DO UPDATE SET result = EXCLUDED.result, "
                 "date_done = EXCLUDED.date_done", rows)
-
-    def _row(self, item: Stored, extended: list[str]) -> list[Any]:
-        meta = orjson.loads(item.data)
-        done = meta.get("date_done")
-        row: list[Any] = [
-            item.task_id, meta["status"], orjson.dumps(meta.get("result")),
-            datetime.fromisoformat(done).astimezone(UTC).replace(tzinfo=None) if done
-            else None, meta.get("traceback")]
-        for name in extended:
-            value = meta.get(name)
-            row.append(orjson.dumps(value) if name in ("args", "kwargs") and
-                       value is not None else value)
-        if self._columns is not None and "children" in self._columns:
-            row.append(orjson.dumps(meta["children"]) if meta.get("children") else None)
-        return row
 
     # -- reading ------------------------------------------------------------------------
     def _get(self, task_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
@@ -241,27 +285,7 @@ class CeleryDatabaseBackend(ResultBackend):
             f"{''.join(', ' + c for c in extended)} FROM celery_taskmeta "
             f"WHERE task_id = ANY(%s) AND {_FRESH}", (list(task_ids), *self._fresh())
         ).fetchall()
-        out: dict[str, tuple[str, bytes]] = {}
-        for row in rows:
-            task_id, status, result, tb, done, sent = row[:6]
-            try:
-                value, sent = _value(result), _value(sent)
-            except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError) as exc:
-                raise DecodeError(f"the result of {task_id} in celery_taskmeta is neither "
-                                  f"JSON nor a pickle of plain data ({exc}); use "
-                                  "result_serializer='json' on the Celery side") from exc
-            meta: dict[str, Any] = {
-                "status": status, "result": value, "traceback": tb,
-                "date_done": done.replace(tzinfo=UTC).isoformat() if done else None,
-                "task_id": task_id, "children": sent or []}
-            for name, field in zip(extended, row[6:], strict=True):
-                meta[name] = orjson.loads(field) if name in ("args", "kwargs") and \
-                    field is not None else field
-            if meta.get("name") is None:
-                for name in extended:
-                    meta.pop(name, None)
-            out[task_id] = ("application/json", orjson.dumps(meta))
-        return out
+        return {row[0]: ("application/json", row_meta(row, extended)) for row in rows}
 
     def _groups(self, keys: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         """Saved groups in celeriac's shape (``GroupResult.restore``), from Celery's rows."""
@@ -269,19 +293,8 @@ class CeleryDatabaseBackend(ResultBackend):
         rows = self._conn().execute(
             f"SELECT taskset_id, result FROM celery_tasksetmeta WHERE taskset_id = ANY(%s) "
             f"AND {_FRESH}", (list(by_id), *self._fresh())).fetchall()
-        out: dict[str, tuple[str, bytes]] = {}
-        for group_id, stored in rows:
-            try:
-                ids = [tuple_id(node) for node in _value(stored)[1]]
-            except (pickle.UnpicklingError, EOFError, ValueError, orjson.JSONDecodeError,
-                    IndexError, TypeError) as exc:
-                logger.warning("group %s: its celery_tasksetmeta row is unreadable: %s",
-                               group_id, exc)
-                continue
-            out[by_id[group_id]] = ("application/json", orjson.dumps({
-                "status": "SUCCESS", "task_id": group_id,
-                "result": {"group_id": group_id, "results": ids}}))
-        return out
+        return {by_id[group_id]: ("application/json", meta) for group_id, stored in rows
+                if (meta := group_meta(group_id, stored)) is not None}
 
     def _expires(self) -> float | None:
         return float(self.settings.result_expires) if self.settings.result_expires else None

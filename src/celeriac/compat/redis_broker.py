@@ -46,7 +46,7 @@ import orjson
 from ..clients.redis import Connector
 from ..errors import ConfigurationError
 from ..protocol import Delivery, new_id, utcnow
-from ..transports.base import DeadLetter, Outgoing, Subscription
+from ..transports.base import DeadLetter, Outgoing, Subscription, Transport
 from ..transports.redis import RedisTransport
 from . import kombu_wire as kw
 from .channels import CeleryChannels
@@ -92,6 +92,10 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
 
 class KombuRedisTransport(RedisTransport):
     scheme = "redis"
+    fanout = False  # kombu's Redis fanout is pub/sub (lossy): no Broadcast queues here
+
+    async def bind_fanout(self, group: str, queue: str) -> None:
+        await Transport.bind_fanout(self, group, queue)
 
     def __init__(self, url: str, settings: Settings) -> None:
         # Not RedisTransport's: no namespace, and our own URL parameters.

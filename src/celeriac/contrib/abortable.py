@@ -6,6 +6,12 @@ Cooperative, as in Celery: the caller's ``AbortableAsyncResult.abort()`` stores 
 runs to its end (whose result then replaces ``ABORTED``). To stop a task without its
 help, revoke it: ``result.revoke(terminate=True)``.
 
+In the threads pool (``-P threads``) that revoke is itself an abort: a thread cannot be
+killed, so the pool asks the running task to stop (``celeriac.runtime.aborts``, no round
+trip to the backend) and ``is_aborted()`` turns True at once. A run that returns after
+it was asked ends ``REVOKED``: its return value is dropped, no chain step or callback
+follows, and a chord it belongs to counts it as Celery counts a revoked task.
+
 ::
 
     from celeriac.contrib.abortable import AbortableTask
@@ -26,13 +32,17 @@ travels through it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from ..errors import Ignore
 from ..result import AsyncResult
+from ..runtime import aborts
 from ..tasks import Task
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..runtime.request import Request
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -68,7 +78,17 @@ class AbortableTask(Task[P, R]):
         task_id = task_id or self.request.id
         if not task_id:
             raise ValueError("is_aborted needs task_id= outside a running task")
+        if aborts.requested(task_id):
+            return True
         return AbortableAsyncResult[Any](task_id, app or self.app).is_aborted()
+
+    def run_with(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]) -> R:
+        value = super().run_with(request, args, kwargs)
+        if request.id and aborts.requested(request.id):
+            # Asked to stop by a revoke with terminate (threads pool): nothing of this
+            # run goes on (Ignore: no state, no follow-ups); the pool stores REVOKED.
+            raise Ignore(f"task {request.id} aborted")
+        return value
 
 
 __all__ = ["ABORTED", "AbortableAsyncResult", "AbortableTask"]

@@ -225,8 +225,12 @@ class Actions:
                "pool_shrink": self.pool_shrink, "rate_limit": self.rate_limit,
                "shutdown": self.shutdown}
         return [Route("/api/config", self.config), Route("/api/csrf", self.token),
-                *(Route(f"/api/actions/{name}", self._endpoint(name, fn), methods=["POST"])
-                  for name, fn in act.items())]
+                *(self.route(name, fn) for name, fn in act.items())]
+
+    def route(self, name: str, fn: Callable[[dict[str, Any], str], Any]) -> Route:
+        """``POST /api/actions/<name>``: ``fn(body, who)`` behind the checks every action
+        passes (read-only, CSRF, a JSON object body; ``Invalid`` is a 400)."""
+        return Route(f"/api/actions/{name}", self._endpoint(name, fn), methods=["POST"])
 
     async def config(self, request: Request) -> Response:
         return _json({"actions": self.enabled})

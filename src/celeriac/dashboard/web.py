@@ -20,6 +20,8 @@
 ``/api/config``,        what the page may offer, the CSRF token, and the POST actions:
 ``/api/csrf``,          see ``actions`` (all refused with ``read_only``)
 ``/api/actions/*``
+``/api/dead``,          the dead letters: list, inspect; requeue and purge are actions
+``/api/dead/<id>``      (``dead.py``)
 =====================  ==============================================================
 
 Every URL the page uses is relative, so the dashboard also works behind a reverse proxy
@@ -47,6 +49,7 @@ from starlette.routing import Route
 from ..errors import CeleriacError
 from ..events import ClusterState
 from .actions import Actions
+from .dead import DeadLetters
 from .metrics import registry_for
 from .monitor import Monitor, task_summary, task_view
 from .security import SecurityMiddleware
@@ -62,6 +65,7 @@ STATIC = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
     "actions.js": "text/javascript; charset=utf-8",
+    "dead.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 
@@ -249,6 +253,7 @@ def create_app(app: Celeriac, *, state: ClusterState | None = None,
         Route("/api/events", StreamEndpoint(monitor)),
         Route("/metrics", views.metrics),
         *actions.routes(),
+        *DeadLetters(monitor, actions).routes(),
     ]
     web = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(SecurityMiddleware, auth=auth,

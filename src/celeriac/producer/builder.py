@@ -76,12 +76,18 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     priority = o.priority
     if priority is None:
         priority = settings.task_default_priority
-    properties = task_properties(task_id, priority)
+    # rpc://: replies go to the caller's queue, named in the message (Celery's reply_to).
+    rpc = settings.result_backend is not None and settings.result_backend[:3] == "rpc"
+    properties = task_properties(task_id, priority,
+                                 getattr(app.backend, "reply_to", None) if rpc else None)
     if o.app_id is not None:
         properties["app_id"] = o.app_id
     message = Message(h, body, content_type, "utf-8", properties)
-    queue = o.queue or (app.queue_for_key(o.routing_key) if o.routing_key else None) \
-        or app.route(name)
+    if app.routing.special:  # a fanout group or a topic exchange: maybe a Route
+        queue = app.routing.resolve(o.queue, o.exchange, o.routing_key) or app.route(name)
+    else:
+        queue = o.queue or (app.queue_for_key(o.routing_key) if o.routing_key else None) \
+            or app.route(name)
     if not settings.task_create_missing_queues:
         _check_queue(app, name, queue, lenient)
     return message, queue, delay

@@ -15,7 +15,7 @@ from typing import Any
 SEND_OPTIONS = frozenset({
     "shadow", "routing_key", "exchange", "retry", "retry_policy", "parent_id", "root_id",
     "group_id", "add_to_parent", "link", "link_error", "compression", "argsrepr",
-    "kwargsrepr", "app_id"})
+    "kwargsrepr", "app_id", "fair_key"})
 """``Task.apply_async``'s options beyond its named parameters (Celery's names), passed
 through as they are; any other raises ``TypeError`` naming it."""
 
@@ -60,6 +60,9 @@ class SendOptions:
     """The ``argsrepr`` header logs and monitors show instead of the arguments' repr
     (Celery's: hide a secret argument); None: the repr."""
     kwargsrepr: str | None = None
+    fair_key: str | None = None
+    """The message's key on a fair queue (``broker_fair_queues``: consumers take keys in
+    turn); ``producer/flow.py`` puts it in the ``celeriac_fair`` header."""
     app_id: str | None = None
     """The message's ``app_id`` property (AMQP's; the task sees it in
     ``self.request.properties``)."""

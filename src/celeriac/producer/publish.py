@@ -11,9 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import result as _result
 from ..clients.net import retrying
+from ..errors import ConfigurationError
 from ..runtime import request as _request
-from ..transports.base import Outgoing
+from ..settings.routing import Route
+from ..transports.base import Outgoing, Publisher, Transport
+from . import batching as _batching
 from . import builder as _builder
+from . import flow as _flow
+from . import outbox as _outbox
 from .messages import split_call
 from .options import SendOptions
 
@@ -25,6 +30,9 @@ if TYPE_CHECKING:
 def send(app: Celeriac, name: str, args: Sequence[Any] | None,
          kwargs: Mapping[str, Any] | None, options: SendOptions) -> _result.AsyncResult[Any]:
     """Build and publish one task message; its ``AsyncResult``."""
+    flow = _flow.spec(app, name)
+    if (flow is not None or options.fair_key is not None) and not _flow.applied(options):
+        return _flow.send(app, name, args, kwargs, options, flow, send)  # then here again
     message, queue, delay = _builder.build(app, name, args, kwargs, options)
     task_id = message.headers["id"]
     if options.add_to_parent:
@@ -34,11 +42,13 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
     hooks = app.hooks
     if hooks:
         hooks.call("before_publish", message, queue)
+    # Inside ``app.transaction(conn)`` the message becomes an outbox row instead.
+    publisher = _outbox.publisher(app)
     if options.retry is None and options.retry_policy is None:
-        app.publisher.publish(queue, message, delay=delay)
+        _publish(app, publisher, queue, message, delay, grouped=True)
     else:
         with _retrying(app, options.retry, options.retry_policy):
-            app.publisher.publish(queue, message, delay=delay)
+            _publish(app, publisher, queue, message, delay)
     if hooks:
         hooks.call("after_publish", message, queue)
     if app.settings.task_send_sent_event:
@@ -47,6 +57,49 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
     if options.ignore_result:
         result.ignored = True  # get() returns None at once (Celery's)
     return result
+
+
+def _publish(app: Celeriac, publisher: Publisher, queue: str, message: Message,
+             delay: float | None, *, grouped: bool = False) -> None:
+    if isinstance(queue, Route):
+        publisher.publish_many(expand(app, [Outgoing(queue, message, delay)]))
+    elif grouped and isinstance(publisher, Transport) and not publisher.process_local:
+        # Concurrent callers share round trips (batching.py), each returning once its
+        # own is confirmed; only under the default retry policy, which the leader's
+        # round trip applies to all. A message too large fails its caller alone.
+        publisher.check_size(message)
+        _batching.for_publisher(publisher).publish([Outgoing(queue, message, delay)])
+    else:
+        publisher.publish(queue, message, delay=delay)
+
+
+def expand(app: Celeriac, items: Sequence[Outgoing]) -> Sequence[Outgoing]:
+    """``items`` with each ``Route`` (``settings/routing.py``) made what the broker
+    takes: a copy per queue a topic exchange's bindings match, or one fanout publish.
+    Raises ``ConfigurationError`` (nothing published) for a topic route no queue
+    matches (RabbitMQ would drop it) or a fanout group on a broker without them."""
+    if not any(isinstance(item.queue, Route) for item in items):
+        return items
+    out: list[Outgoing] = []
+    for item in items:
+        route = item.queue
+        if not isinstance(route, Route):
+            out.append(item)
+        elif route.fanout:
+            if not app.publisher.fanout:
+                raise ConfigurationError(
+                    f"cannot send {item.message.headers.get('task')}: queue {str(route)!r} "
+                    f"is a fanout (Broadcast) queue, which {type(app.publisher).__name__} "
+                    "does not have (use a Redis or RabbitMQ broker); nothing was published")
+            # Copies go out now: an eta stays in the headers and each worker parks its copy.
+            out.append(Outgoing(str(route), item.message, None, fanout=True))
+        elif not route.queues:
+            raise ConfigurationError(
+                f"cannot send {item.message.headers.get('task')}: no queue bound to the topic "
+                f"exchange {str(route)!r} matches its routing key; nothing was published")
+        else:
+            out.extend(Outgoing(queue, item.message, item.delay) for queue in route.queues)
+    return out
 
 
 def _retrying(app: Celeriac, retry: bool | None, policy: Mapping[str, Any] | None) -> Any:
@@ -61,6 +114,8 @@ def send_many(app: Celeriac, name: str,
     is published (``chunk_size`` per round trip)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    if options.fair_key is not None:
+        options = _flow.with_fair(app, options)
     results: list[_result.AsyncResult[Any]] = []
     chunk: list[Outgoing] = []
     for call in calls:
@@ -104,12 +159,23 @@ def publish_prepared(app: Celeriac, items: Iterable[Outgoing], *, chunk_size: in
     return sent
 
 
+def publish_one(app: Celeriac, queue: str, message: Message, delay: float | None) -> None:
+    """Publish a message ``build`` made, with the hooks (what a worker sends after a
+    task: ``canvas.followups``; its retry policy is the caller's)."""
+    hooks = app.hooks
+    if hooks:
+        hooks.call("before_publish", message, queue)
+    _publish(app, app.publisher, queue, message, delay)
+    if hooks:
+        hooks.call("after_publish", message, queue)
+
+
 def publish_chunk(app: Celeriac, chunk: list[Outgoing]) -> None:
     """One broker round trip, with the hooks and events of each message."""
     if app.hooks:
         for item in chunk:
             app.hooks.call("before_publish", item.message, item.queue)
-    app.publisher.publish_many(chunk)
+    _outbox.publisher(app).publish_many(expand(app, chunk) if app.routing.special else chunk)
     if app.hooks:
         for item in chunk:
             app.hooks.call("after_publish", item.message, item.queue)

@@ -9,6 +9,7 @@ whichever app the process configured.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -23,8 +24,8 @@ _apps: weakref.WeakSet[Celeriac] = weakref.WeakSet()
 _current: Celeriac | None = None
 _shared: list[tuple[Callable[..., Any], dict[str, Any]]] = []
 _default_app: Callable[[], Celeriac] | None = None
-"""Makes the default app; ``app.py`` sets it (``set_default_app``) as it is imported, which
-``import celeriac`` does first, so this module never imports the app (it is below it)."""
+"""Makes the default app; ``app.py`` sets it (``set_default_app``) as it is imported. This
+module is below the app: it never imports it by name (see ``get_current_app``)."""
 
 
 def register_app(app: Celeriac, make_current: bool) -> None:
@@ -52,8 +53,11 @@ def get_current_app() -> Celeriac:
     """The app made last (or set with ``app.set_current()``); a default app if none."""
     app = _current
     if app is None:
-        if _default_app is None:  # pragma: no cover - app.py is imported with the package
-            raise RuntimeError("celeriac.app is not imported")
+        if _default_app is None:
+            # ``import celeriac`` defers the app (start-up cost): a process that used only
+            # submodules (``celeriac.result``) loads it here, which sets ``_default_app``.
+            importlib.import_module("celeriac.app")
+            assert _default_app is not None
         app = _default_app()  # registers itself as current
     return app
 

@@ -64,7 +64,26 @@ SERIALIZERS: dict[str, Serializer] = {
     "pickle": Serializer("pickle", "application/x-python-serialize", _pickle_dumps, pickle.loads),
 }
 _BY_CONTENT_TYPE = {s.content_type: s for s in SERIALIZERS.values()}
-_BY_CONTENT_TYPE["application/data"] = Serializer("raw", "application/data", bytes, bytes)
+RAW = Serializer("raw", "application/data", bytes, bytes)
+_BY_CONTENT_TYPE["application/data"] = RAW
+
+
+def _not_set_up(_: Any) -> Any:
+    raise ConfigurationError("the auth serializer signs with keys app.setup_security() "
+                             "reads: call it after configuring the security_* settings")
+
+
+# Celery's signed messages (signing.py): known by name, so settings may name it before
+# app.setup_security() registers the real one.
+AUTH_UNSET = Serializer("auth", "application/data", _not_set_up, _not_set_up)
+SERIALIZERS["auth"] = AUTH_UNSET
+
+
+def register(serializer: Serializer) -> None:
+    """Add or replace a serializer, by name and content type (``signing.py`` registers
+    ``auth`` this way)."""
+    SERIALIZERS[serializer.name] = serializer
+    _BY_CONTENT_TYPE[serializer.content_type] = serializer
 
 
 def get_serializer(name: str) -> Serializer:

@@ -44,8 +44,13 @@ class Settings:
     kwargs, options, task=None, **kw)``) returning either; or a list of those, tried in
     order. No match: ``task_default_queue``."""
     task_default_exchange: str | None = None
-    """Celery's: the direct exchange unrouted tasks go through; here only a name, which
-    must be one ``task_queues`` binds to when it declares queues."""
+    """Celery's: the exchange unrouted tasks go through; here only a name, which must be
+    one ``task_queues`` binds to when it declares queues."""
+    task_default_exchange_type: str = "direct"
+    """Celery's: the type of ``task_default_exchange``, to which queues of
+    ``task_queues`` declared without an exchange are bound: ``"direct"`` (a routing key
+    names one queue) or ``"topic"`` (binding patterns such as ``"feed.#"``; a message
+    goes to every queue whose pattern matches its key). See the routing guide."""
     task_default_routing_key: str | None = None
     """Celery's: the key unrouted tasks carry. With ``task_queues``, they go to the queue
     bound by it (it must be bound); without, to ``task_default_queue``."""
@@ -53,10 +58,12 @@ class Settings:
     """Celery's: False with ``task_queues`` makes sending to a queue they do not declare
     (and a worker's ``-Q`` naming one) an error; queues are otherwise made on first use."""
     task_queues: Any = None
-    """Celery's forms: kombu ``Queue`` objects (direct exchanges), queue names, or a dict
-    of name -> ``{"exchange": ..., "routing_key": ...}``. A worker started without ``-Q``
+    """Celery's forms: kombu ``Queue`` objects (direct, topic and fanout exchanges;
+    ``kombu.common.Broadcast``), queue names, or a dict of name -> ``{"exchange": ...,
+    "exchange_type": ..., "routing_key": ...}``. A worker started without ``-Q``
     consumes them all (else ``task_default_queue``); a route's or ``apply_async``'s
-    ``routing_key`` reaches the queue bound by it."""
+    ``routing_key`` reaches the queues bound by it; every worker consuming a fanout
+    queue gets its own copy (Redis and RabbitMQ brokers)."""
     task_annotations: Any = None
     """Celery's forms: ``{"tasks.add": {"rate_limit": "10/s"}, "*": {...}}``, an object
     with ``annotate(task)``, or a list of those; option values that override the tasks'."""
@@ -79,6 +86,9 @@ class Settings:
     """Run tasks in the calling process (tests); nothing is sent."""
     task_eager_propagates: bool = False
     """In eager mode, ``apply()``/``delay()`` raise a failed task's exception at once."""
+    task_allow_error_cb_on_chord_header: bool = False
+    """An errback linked to a chord is linked to each of its header tasks too, not only
+    to its body (Celery's flag, read when the errback is linked)."""
     task_time_limit: float | None = None
     """Hard time limit (seconds) of tasks that set none: the prefork pool kills the child
     and fails the task with ``TimeLimitExceeded``. The solo pool enforces no limits, the
@@ -130,6 +140,24 @@ class Settings:
     """After an outage: ``once`` (one run for all missed windows, Celery's behaviour),
     ``all`` (each window, at most 1,000) or ``skip``; entries may override it with
     ``options={"missed_runs": ...}``."""
+    beat_scheduler: str | None = None
+    """Where beat's entries come from: None (or Celery's default,
+    ``celery.beat:PersistentScheduler``): ``beat_schedule`` and the shared store;
+    ``"django_celery_beat.schedulers:DatabaseScheduler"`` (or ``"django"``): also
+    django-celery-beat's tables, as the Django admin edits them (``docs/guide/django.md``).
+    Any other scheduler is refused."""
+    outbox_url: str | None = None
+    """The PostgreSQL database whose outbox the relays drain (``postgresql://...``): the
+    one ``app.transaction(conn)`` writes to (docs/guide/outbox.md)."""
+    outbox_table: str = "celeriac_outbox"
+    """The outbox table (``table`` or ``schema.table``), created on first use in the
+    transaction's database; its name is also the NOTIFY channel that wakes the relays."""
+    worker_outbox: bool = False
+    """Run an outbox relay inside the worker (a step), draining ``outbox_url``."""
+    outbox_claim: bool = True
+    """Relays give each publish a claim the worker checks in the result backend before
+    running the task, so a row published twice (a relay killed between the broker's
+    confirmation and its delete) runs once."""
     timezone: str | None = None
     """The time zone of crontab schedules (for celeriac beat); None: UTC."""
     enable_utc: bool = True
@@ -218,6 +246,37 @@ class Settings:
     ``CELERY_WORKER_REVOKE_EXPIRES`` environment variable overrides it."""
     worker_mingle_timeout: float = 1.0
     """Longest wait at startup for peers' revoked ids (``Mingle``)."""
+    broker_fair_queues: tuple[str, ...] = ()
+    """Queues declared fair (Redis broker): their consumers take messages in turn
+    across fair keys (``apply_async(fair_key="tenant-42")``; none: the key ``""``), so a
+    key that sends 100,000 tasks cannot starve one that sends 10
+    (docs/guide/flow-control.md)."""
+    worker_deduplicate_successful_tasks: bool = False
+    """Celery's: a redelivered message of an ``acks_late`` task whose id already
+    succeeded (this worker's memory of its successes, else the result backend) is
+    acknowledged without running again (docs/guide/flow-control.md)."""
+    worker_direct: bool = False
+    """Celery's: each worker also consumes ``<hostname>.dq``, so
+    ``apply_async(queue="w1@host.dq")`` reaches that worker alone."""
+    security_key: str | None = None
+    """Celery's: the PEM private key file that signs task messages (the ``auth``
+    serializer; ``app.setup_security()``)."""
+    security_key_password: str | None = None
+    """Celery's: the password of ``security_key``, if it has one."""
+    security_certificate: str | None = None
+    """Celery's: the PEM X.509 certificate of ``security_key`` (its issuer and serial
+    number name the signer in each message)."""
+    security_cert_store: str | None = None
+    """Celery's: a directory (or glob) of the PEM certificates whose signatures a worker
+    accepts."""
+    security_digest: str = "sha256"
+    """Celery's: the digest of the RSA-PSS signatures (a ``cryptography`` hash name)."""
+    security_hmac_keys: Any = None
+    """celeriac's own signing mode, instead of certificates: a mapping of key id ->
+    secret (str or bytes, 32 bytes or more). The first key signs; every key listed
+    verifies, so during a key rotation two keys are valid: list the new one first on
+    every producer and worker, then drop the old one once no message signed with it
+    waits in a queue. ``security_digest`` is the HMAC's digest."""
 
     task_compression: str | None = None
     """Compress task messages' bodies: ``"gzip"`` (zlib), ``"bzip2"`` or ``"lzma"``, as
@@ -393,6 +452,12 @@ def _not_positive(value: Any) -> bool:
     return bool(value <= 0)
 
 
+_SCHEDULERS = (None, "celery.beat:PersistentScheduler", "celery.beat.PersistentScheduler",
+               "django_celery_beat.schedulers:DatabaseScheduler",
+               "django_celery_beat.schedulers.DatabaseScheduler", "django")
+"""``beat_scheduler``'s accepted values (``celeriac.beat.django.SCHEDULERS`` and Celery's
+default, which asks for nothing)."""
+
 # Each comparison as the check always made it (NaN passes "< 1", fails "not > 0").
 _LIMITS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     # (setting, what makes its value wrong, what the error says it must be)
@@ -409,6 +474,9 @@ _LIMITS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("beat_max_loop_interval", lambda v: v < 0, ">= 0"),
     ("beat_lease_timeout", _not_positive, "> 0"),
     ("beat_missed_runs", lambda v: v not in ("once", "all", "skip"), "'once', 'all' or 'skip'"),
+    ("beat_scheduler", lambda v: v not in _SCHEDULERS, "None, "
+     "'django_celery_beat.schedulers:DatabaseScheduler' or 'celery.beat:PersistentScheduler' "
+     "(custom beat schedulers are not supported)"),
 )
 """The settings checked by value alone, after coercion (so of their field's type)."""
 

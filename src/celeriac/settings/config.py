@@ -40,13 +40,13 @@ configure a service nothing here uses, so they are harmless: accepted and kept (
 reads them back), with one warning naming them. Asking to use that service
 (``result_backend="cassandra://"``) is the error, naming the URL's scheme."""
 _OTHER_SERVICES_REASON = ("celeriac has no such result backend, so they configure nothing "
-                          "(result_backend may be redis://, postgresql://, sqlite:// or "
-                          "memory://)")
+                          "(result_backend may be redis://, postgresql://, mysql://, "
+                          "rpc://, sqlite:// or memory://)")
 _OTHER_BACKENDS = (*OTHER_SERVICES, "database_")
 """Refused unless default: ``database_*`` (the SQLAlchemy backend's table names and
 engine options), which celeriac's ``db+postgresql://`` does not honour."""
 _BACKENDS_REASON = ("this result backend is not available in celeriac (result_backend may "
-                    "be redis://, postgresql://, sqlite:// or memory://)")
+                    "be redis://, postgresql://, mysql://, rpc://, sqlite:// or memory://)")
 
 _DATABASE_REASON = ("celeriac's db+postgresql:// result backend uses Celery's default "
                     "tables and its own connections (the SQLAlchemy backend's database_* "
@@ -99,8 +99,7 @@ HARMLESS: dict[str, str] = {
     "beat_schedule_filename": "celeriac beat keeps its state in the broker's or result "
                               "backend's store, not in a local file",
     **dict.fromkeys([
-        "result_chord_expires", "result_chord_join_timeout",
-        "task_allow_error_cb_on_chord_header"],
+        "result_chord_expires", "result_chord_join_timeout"],
         "celeriac counts chords in the result backend (chord state expires with "
         "result_expires); where chords are polled (db+postgresql://), "
         "result_chord_retry_interval applies"),
@@ -108,8 +107,6 @@ HARMLESS: dict[str, str] = {
 """Accepted, with one warning naming the reason."""
 
 REFUSED: dict[str, str] = {
-    "task_default_exchange_type": "only direct routing is supported (a route or routing "
-                                  "key names one queue)",
     "task_default_delivery_mode": "messages are always persistent",
     "task_store_eager_result": "eager results are not stored",
     "task_store_errors_even_if_ignored": "ignored results are never stored",
@@ -120,14 +117,11 @@ REFUSED: dict[str, str] = {
     "task_acks_on_timeout": "a timed-out task's message is always acknowledged",
     "task_protocol": "celeriac speaks task protocol 2 only",
     "task_default_queue_type": "set broker_transport_options={'queue_type': 'quorum'}",
-    "worker_direct": "per-worker direct queues are not supported",
-    "worker_deduplicate_successful_tasks": "not supported: make tasks idempotent",
     "worker_pool_start_method": "the prefork pool forks",
     "worker_agent": "custom worker classes are not supported",
     "worker_autoscaler": "custom worker classes are not supported",
     "worker_consumer": "custom worker classes are not supported",
     "worker_timer": "custom worker classes are not supported",
-    "beat_scheduler": "custom beat schedulers are not supported",
     "broker_use_ssl": "use a rediss:// or amqps:// broker_url",
     "redis_backend_use_ssl": "use a rediss:// result_backend",
     "broker_login_method": "AMQP logs in with the URL's user and password",
@@ -144,11 +138,6 @@ REFUSED: dict[str, str] = {
     "redis_db": "give the whole result_backend URL",
     "redis_username": "give the whole result_backend URL",
     "redis_password": "give the whole result_backend URL",
-    "security_cert_store": "message signing is not supported",
-    "security_certificate": "message signing is not supported",
-    "security_digest": "message signing is not supported",
-    "security_key": "message signing is not supported",
-    "security_key_password": "message signing is not supported",
     "event_serializer": "events are JSON",
     # Under ?layout=kombu celeriac speaks on Celery's default exchanges: another name would
     # leave the two fleets deaf to each other.

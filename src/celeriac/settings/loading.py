@@ -29,7 +29,7 @@ def load_object(obj: object | str) -> object:
 
 def django_apps() -> list[str]:
     try:  # deferred: Django is optional
-        from django.conf import settings  # type: ignore[import-not-found]
+        from django.conf import settings
     except ImportError:
         return []
     return list(getattr(settings, "INSTALLED_APPS", ())) if settings.configured else []

@@ -43,6 +43,7 @@ from typing import ClassVar
 
 from ..clients.net import mask_password
 from ..settings import Settings
+from .flow import FlowStore
 
 BEAT_LEASE = "celeriac.beat"
 """The name of the lease the leading beat holds (``claim`` checks it)."""
@@ -132,8 +133,9 @@ def check_args(rate: float, capacity: float, want: int) -> None:
                          f"{rate!r}, {capacity!r}, {want!r}")
 
 
-class SharedStore(abc.ABC):
-    """A store every process of the deployment reaches: see the module's docstring."""
+class SharedStore(FlowStore, abc.ABC):
+    """A store every process of the deployment reaches: see the module's docstring (and
+    ``flow.py`` for flow control's unique locks and concurrency slots)."""
 
     kind: ClassVar[str] = "?"
     """For log lines: "Redis", "SQLite", "PostgreSQL", "memory"."""

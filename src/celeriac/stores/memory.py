@@ -23,6 +23,7 @@ from .base import (
     check_args,
     run_key,
 )
+from .memory_flow import MemoryFlow
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -45,7 +46,7 @@ _STATES: dict[str, _State] = {}
 _GUARD = threading.Lock()
 
 
-class MemoryStore(SharedStore):
+class MemoryStore(MemoryFlow, SharedStore):
     kind = "memory"
     process_local = True
 

@@ -56,6 +56,7 @@ from .base import (
     run_key,
     wait_for,
 )
+from .postgres_flow import PostgresFlow
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -193,7 +194,7 @@ def _revoked_sql(revoked: sql.Identifier) -> _RevokedSQL:
     )
 
 
-class PostgresStore(SharedStore):
+class PostgresStore(PostgresFlow, SharedStore):
     kind = "PostgreSQL"
 
     def __init__(self, url: str, settings: Settings | None = None) -> None:

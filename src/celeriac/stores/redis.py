@@ -37,6 +37,7 @@ from .base import (
     parse_run_key,
     run_key,
 )
+from .redis_flow import RedisFlow
 
 if TYPE_CHECKING:
     import redis
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 
-class RedisStore(SharedStore):
+class RedisStore(RedisFlow, SharedStore):
     kind = "Redis"
 
     def __init__(self, url: str, settings: Settings | None = None) -> None:

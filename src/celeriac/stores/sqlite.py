@@ -35,6 +35,7 @@ from .base import (
     check_args,
     run_key,
 )
+from .sqlite_flow import SQLiteFlow
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -60,7 +61,7 @@ class _Refused(Exception):
     """A refused claim: undo what the transaction wrote."""
 
 
-class SQLiteStore(SharedStore):
+class SQLiteStore(SQLiteFlow, SharedStore):
     kind = "SQLite"
 
     def __init__(self, url: str, settings: Settings | None = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 import logging
@@ -18,13 +17,13 @@ from ..backends.base import ResultMeta
 from ..canvas import Signature, chain, chord, group, maybe_signature
 from ..canvas.builtins import chunks, xmap, xstarmap
 from ..canvas.followups import takes_request
+from ..canvas.signature import pop_stamps
 from ..errors import ConfigurationError, Ignore, MaxRetriesExceededError, Retry
 from ..producer import publish as _publish
 from ..producer.options import NAMES as SEND_NAMES
 from ..producer.options import SEND_OPTIONS, SendOptions
 from ..protocol import new_id
 from ..result import AsyncResult, EagerResult, GroupResult
-from ..runtime.aio import run_sync
 from ..runtime.progress import RUNNING
 from ..runtime.request import Request as Request
 from ..runtime.request import _current
@@ -33,6 +32,7 @@ from ..runtime.request import current_request as current_request
 from ..runtime.request import short_repr as short_repr
 from ..runtime.state import get_current_app
 from ..signals import ExceptionInfo
+from . import django_commit as _django_commit
 from .arguments import argument_checker, pydantic_wrapper
 from .options import DEFAULT as DEFAULT
 from .options import TaskOptions as TaskOptions
@@ -274,6 +274,9 @@ class Task(Generic[P, R]):
         """Send the task to a worker with these arguments."""
         return self.apply_async(args, kwargs)
 
+    delay_on_commit = _django_commit.delay_on_commit  # Celery 5.4's, on every task
+    apply_async_on_commit = _django_commit.apply_async_on_commit
+
     def delay_many(self, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
                    **options: Any) -> list[AsyncResult[R]]:
         """Send one message per call (args, or ``(args, kwargs)``) in bulk round trips.
@@ -342,6 +345,12 @@ class Task(Generic[P, R]):
         the other options are Celery's (see ``Celeriac.send_task``); an option celeriac
         does not know raises ``TypeError`` naming it. ``throw`` applies when the call
         runs eagerly (``task_always_eager``): as ``apply(throw=)``."""
+        if "stamped_headers" in options:
+            # Celery's send_task: the stamps it names leave the options and travel as
+            # the message's ``stamped_headers``/``stamps`` headers.
+            options["headers"] = headers
+            pop_stamps(options)
+            headers = options.pop("headers")
         unknown = options.keys() - SEND_OPTIONS
         if unknown:
             raise TypeError(f"{self.name}.apply_async() got unknown option(s): "
@@ -394,6 +403,8 @@ class Task(Generic[P, R]):
                            kwargs: Mapping[str, Any] | None = None, **options: Any
                            ) -> AsyncResult[R]:
         """``apply_async`` for async code: the event loop never waits on the broker."""
+        import asyncio  # deferred: ~20 ms (ssl, subprocess); an awaiting caller has it
+
         return await asyncio.to_thread(self.apply_async, args, kwargs, **options)
 
     def apply(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
@@ -432,6 +443,9 @@ class Task(Generic[P, R]):
                     hooks.call("before_task", request)
                 try:
                     if self.is_async:
+                        # deferred: runtime.aio imports asyncio (~20 ms), for async tasks only
+                        from ..runtime.aio import run_sync
+
                         value = run_sync(self.arun_with(request, args, kwargs))
                     else:
                         value = self.run_with(request, args, kwargs)
@@ -628,12 +642,17 @@ class Task(Generic[P, R]):
     def _send_retry(self, request: Request, args: Sequence[Any] | None,
                     kwargs: Mapping[str, Any] | None, countdown: float | None,
                     eta: datetime | None, expires: Any, options: dict[str, Any]) -> None:
+        options = dict(options)
+        pop_stamps(options)  # retry(stamped_headers=[...], name=value): Celery's
         unknown = options.keys() - SEND_NAMES
         if unknown:
             raise TypeError(f"{self.name}.retry() got unknown option(s): "
                             f"{', '.join(sorted(unknown))}")
         headers = request.headers
+        # The call's own headers, its stamps among them, go again (Celery's
+        # ``signature_from_request``); the retry's own over them.
         custom = {k: v for k, v in headers.items() if k not in _STANDARD_HEADERS}
+        custom.update(options.pop("headers", None) or {})
         embed = {"callbacks": request.callbacks, "errbacks": request.errbacks,
                  "chain": request.chain, "chord": request.chord}
         given = {k: v for k, v in (

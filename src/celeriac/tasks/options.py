@@ -64,6 +64,20 @@ class TaskOptions:
     pydantic_strict: bool = False
     pydantic_context: Mapping[str, Any] | None = None
     pydantic_dump_kwargs: Mapping[str, Any] | None = None
+    # Flow control (docs/guide/flow-control.md; producer/flow.py, worker/limits.py).
+    unique_for: float | None = None
+    """Seconds: while a job with the same key is queued or running, ``delay()`` returns
+    its result and sends nothing; the lock lasts at most this long."""
+    unique_key: Callable[[Any, Any], Any] | None = None
+    """``(args, kwargs) -> key`` for ``unique_for``; None: the task's arguments."""
+    unique_mode: str = "until_finished"
+    """When the unique lock goes: ``until_finished``, ``until_started``, or
+    ``debounce`` (each call delayed ``unique_for``; the last one within it runs)."""
+    concurrency: int | None = None
+    """At most this many run at once across the cluster (per key with
+    ``concurrency_key``)."""
+    concurrency_key: Callable[[Any, Any], Any] | None = None
+    """``(args, kwargs) -> key``: ``concurrency`` counts per key."""
 
 
 def class_based(cls: type[Task[Any, Any]]) -> tuple[Callable[..., Any], TaskOptions]:

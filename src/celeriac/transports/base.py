@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ..clients.schemes import SchemeRegistry
-from ..errors import MessageTooLarge
+from ..errors import ConfigurationError, MessageTooLarge
 from ..protocol import Delivery, Message
 
 if TYPE_CHECKING:
@@ -45,12 +45,18 @@ class Outgoing:
     queue: str
     message: Message
     delay: float | None = None
+    fanout: bool = False
+    """``queue`` names a fanout group: a copy goes to every queue bound to it
+    (``Transport.bind_fanout``), now (an eta stays in the headers)."""
 
 
 class Publisher(abc.ABC):
     """The producer's side of a broker: what ``send_task`` needs, and nothing else.
     Every ``Transport`` is one; a pool child whose broker lives in the worker's memory
     has only this (``worker/pool/child.py`` ``RelayPublisher``)."""
+
+    fanout: ClassVar[bool] = False
+    """Whether ``publish_many`` takes ``Outgoing(fanout=True)`` (fanout groups)."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
@@ -138,6 +144,13 @@ class Transport(Publisher):
         waited (something may be ready: the next ``settle_and_fetch`` fetches it). The default
         is a blocking fetch."""
         return await self.fetch(queues, limit, timeout)
+
+    async def bind_fanout(self, group: str, queue: str) -> None:
+        """Bind this consumer's ``queue`` to the fanout ``group``: from now on every
+        message published to the group gets a copy in it. Lasts while the consumer's
+        lease does (Redis) or its connection (RabbitMQ: an auto-delete queue)."""
+        raise ConfigurationError(f"{type(self).__name__} has no fanout queues (queue "
+                                 f"{group!r}): use a Redis or RabbitMQ broker")
 
     @abc.abstractmethod
     async def renew_lease(self) -> int:
@@ -236,6 +249,7 @@ TRANSPORTS: SchemeRegistry[Transport] = SchemeRegistry("broker", "transport", {
     "redis+cluster": ("celeriac.transports.redis_cluster", "RedisClusterTransport"),
     "amqp": ("celeriac.transports.amqp", "AMQPTransport"),
     "amqps": ("celeriac.transports.amqp", "AMQPTransport"),
+    "sqs": ("celeriac.transports.sqs", "SQSTransport"),
 }, layouts={
     # Compatibility mode: kombu's Redis layout, and RabbitMQ queues declared exactly as
     # Celery declares them, events and remote control on Celery's exchanges.
@@ -243,6 +257,7 @@ TRANSPORTS: SchemeRegistry[Transport] = SchemeRegistry("broker", "transport", {
     ("rediss", "kombu"): ("celeriac.compat.redis_broker", "KombuRedisTransport"),
     ("amqp", "kombu"): ("celeriac.compat.amqp_broker", "KombuAMQPTransport"),
     ("amqps", "kombu"): ("celeriac.compat.amqp_broker", "KombuAMQPTransport"),
+    ("sqs", "kombu"): ("celeriac.compat.sqs_broker", "KombuSQSTransport"),
 })
 
 

@@ -2,11 +2,16 @@
 administration, ``redis.asyncio`` for the worker.
 
 The key layout is in the header of ``lua/common.lua``, which heads every script. In short:
-a message is a hash; ready ids sit in one sorted set per queue (priority, then FIFO);
+a message is one string (the compact envelope: headers at their defaults left out, see
+``protocol.pack``); ready ids sit in one sorted set per queue (priority, then FIFO);
 delayed ids in one sorted set by due time, promoted by whichever fetch finds them due;
 fetched ids in the fetching consumer's ``owned`` set. Ownership is the lease: there is no
 visibility timeout, a consumer's lease renewal renews its entry in the ``consumers``
 sorted set, and any renewal returns every message of each expired consumer in one pass.
+
+Upgrading from the layout of a hash per message: the scripts read both forms, so queues
+on a live Redis carry over. Workers of the previous version read only hashes: while any
+still consume, publish with ``broker_transport_options={"compact_messages": False}``.
 
 One round trip each: ``publish_many``, a ``fetch`` of up to ``limit`` messages across
 several queues, an ``ack`` of a batch, a lease renewal. An idle fetch does not poll: the
@@ -57,6 +62,7 @@ _PURGE_BATCH = 1000
 
 class RedisTransport(Transport):
     scheme = "redis"
+    fanout = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -78,6 +84,17 @@ class RedisTransport(Transport):
         """A fetch's reply may have been lost: Redis may hold messages for us we never saw."""
         self._next_due = -1
         """From the last turn that fetched: ms until a delayed message is due (-1: none)."""
+        self._fanout: dict[str, str] = {}
+        """This consumer's fanout queues -> their groups, bound while its lease lasts."""
+        options = self.settings.broker_transport_options or {}
+        compact = options.get("compact_messages", True)
+        self._compact = str(compact).strip().lower() not in ("false", "0", "no", "off")
+        """Publish the compact form (``protocol.pack``, one string per message); False:
+        the full envelope in the earlier layout's hash, while workers of the previous
+        version, which read only that, still consume (an upgrade)."""
+
+    def _stored(self, m: Message) -> tuple[bytes, bytes]:
+        return m.packed() if self._compact else (m.envelope(), m.body)
 
     # -- producer -----------------------------------------------------------------------
     def publish_many(self, items: Sequence[Outgoing]) -> None:
@@ -85,12 +102,40 @@ class RedisTransport(Transport):
             return
         for item in items:
             self.check_size(item.message)
+        if any(item.fanout for item in items):
+            self._publish_fanout([i for i in items if i.fanout])
+            items = [i for i in items if not i.fanout]
+            if not items:
+                return
         args: list[Any] = [len(items)]
+        fair = self.settings.broker_fair_queues
         for item in items:
             m = item.message
-            args += [item.queue, 9 - min(max(m.priority, 0), 9), _delay_ms(item.delay),
-                     m.envelope(), m.body]
+            step: int | str = 9 - min(max(m.priority, 0), 9)
+            if fair and item.queue in fair:
+                # publish.lua tags it by its fair key (producer/flow.py's header).
+                step = f"f{step}:{m.headers.get('celeriac_fair') or ''}"
+            args += [item.queue, step, _delay_ms(item.delay), *self._stored(m)]
         self.conn.run("publish", args, durable=True)
+
+    def _publish_fanout(self, items: Sequence[Outgoing]) -> None:
+        # One script per message: each copies it into every queue bound to its group.
+        for item in items:
+            m = item.message
+            self.conn.run("fanout_publish", [item.queue, 9 - min(max(m.priority, 0), 9),
+                                             *self._stored(m)], durable=True)
+
+    # -- fanout groups: a binding lapses with its consumer's lease, so copies stop going
+    # to a dead worker's queue; what was copied before waits there for a worker of the
+    # same hostname (fanout_queue) at least once.
+    async def bind_fanout(self, group: str, queue: str) -> None:
+        self._fanout[queue] = group
+        await self._bind_fanout(self._lease_ms() * 3)
+
+    async def _bind_fanout(self, ttl_ms: int) -> None:
+        if self._fanout:
+            pairs = [x for queue, group in self._fanout.items() for x in (group, queue)]
+            await self.conn.arun("fanout_bind", [ttl_ms, *pairs])
 
     # -- consumer -----------------------------------------------------------------------
     def _me(self) -> str:
@@ -312,6 +357,7 @@ class RedisTransport(Transport):
         restored = 0
         for place in self._places():
             restored += int(await self._arun_at(place, "heartbeat", [me, self._lease_ms()]))
+        await self._bind_fanout(self._lease_ms() * 3)
         if restored:
             logger.warning("returned %d message(s) of dead consumers to their queues",
                            restored)
@@ -329,6 +375,7 @@ class RedisTransport(Transport):
                                                           [self.consumer_id]))
                 if given_back:
                     logger.info("gave back %d message(s) on disconnect", given_back)
+                await self._bind_fanout(0)  # a stopped worker gets no more copies
         finally:
             self._held.clear()
             await self.release()
@@ -480,8 +527,10 @@ def _ids(ids: Iterable[int | str]) -> list[str]:
 
 
 def _message(envelope: bytes, body: bytes) -> Message:
+    """A stored message: ``Message.packed()``'s form, or the ``envelope()`` of messages
+    published before it (both are read, so a queue survives an upgrade)."""
     try:
-        return Message.from_envelope(envelope, body)
+        return Message.from_packed(envelope, body)
     except DecodeError as exc:
         # Keep the bytes: the consumer dead-letters it with this reason.
         return Message({DECODE_ERROR_HEADER: str(exc)}, body, "application/data")

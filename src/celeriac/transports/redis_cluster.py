@@ -73,6 +73,10 @@ def _split(tags: Iterable[str]) -> dict[str, list[str]]:
 
 class RedisClusterTransport(RedisTransport):
     scheme = "redis+cluster"
+    fanout = False  # a group's queues live in many slots: no one script copies to all
+
+    async def bind_fanout(self, group: str, queue: str) -> None:
+        await Transport.bind_fanout(self, group, queue)
 
     def __init__(self, url: str, settings: Settings) -> None:
         Transport.__init__(self, url, settings)

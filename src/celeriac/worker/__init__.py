@@ -82,7 +82,8 @@ class Worker:
         self.health_file = health_file
         """``--health-file``: the ``HealthFile`` step touches it while the loop turns."""
         self.blueprint = Blueprint(_steps(app, steps, mingle=mingle, gossip=gossip, beat=beat,
-                                          autoscale=self.autoscale is not None),
+                                          autoscale=self.autoscale is not None,
+                                          outbox=app.settings.worker_outbox),
                                    after=STARTS_AFTER)
         self.steps: dict[type[Step], Step] = {}
         self.install_signal_handlers = install_signal_handlers
@@ -221,16 +222,18 @@ steps named here that are in its blueprint (none is added for it)."""
 
 
 def _steps(app: Celeriac, given: Sequence[type[Step]] | None, *, mingle: bool,
-           gossip: bool, beat: bool, autoscale: bool) -> list[type[Step]]:
+           gossip: bool, beat: bool, autoscale: bool, outbox: bool = False
+           ) -> list[type[Step]]:
     """The worker's steps, in no particular order (the Blueprint orders them): ``given``,
-    else the defaults; and with ``beat`` (``-B``) a beat on this worker's Timer."""
+    else the defaults; with ``outbox`` (``worker_outbox``) an outbox relay; and with
+    ``beat`` (``-B``) a beat on this worker's Timer."""
     if given is not None:
         steps = list(given)
     else:
         optional = {Mingle: mingle, Autoscaler: autoscale, Gossip: gossip}
         steps = [*DEFAULT_STEPS, HealthFile, EventsStep, Heart, StateDB, ControlStep,
                  *(step for step, wanted in optional.items() if wanted)]
-    if app.settings.worker_outbox:
+    if outbox:
         steps.append(OutboxStep)
     if beat:
         # Asked of the app: beat sits above the worker (its step is made of the worker's

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import ContentDisallowed, DecodeError, MessageTooLarge, NotRegistered
+from ..errors import (
+    ContentDisallowed,
+    DecodeError,
+    MessageTooLarge,
+    NotRegistered,
+    SecurityError,
+)
 from ..protocol import Message, valid_id, validate_headers, validate_properties
-from ..serialization import accepted_content_types
+from ..serialization import accepted_content_types, signing
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -36,6 +42,9 @@ class Admission:
         self.tasks = app.tasks
         self.max_size = settings.max_message_size
         self.accept = accepted_content_types(settings.accept_content)
+        self.signed = signing.CONTENT_TYPE in self.accept and "auth" in settings.accept_content
+        """Signing is on (``accept_content=["auth"]``): a body's signature is checked here,
+        before the worker does anything with the message."""
 
     def check(self, message: Message) -> Refusal | None:
         """Why ``message`` may not run here, or None if it may."""
@@ -49,12 +58,33 @@ class Admission:
                       f"max_message_size={self.max_size}")
             return Refusal(reason, MessageTooLarge(reason))
         if message.content_type not in self.accept:
+            if self.signed:
+                reason = (f"unsigned message (content type {message.content_type!r}): this "
+                          "worker accepts signed messages only (accept_content=['auth'])")
+                return Refusal(reason, SecurityError(reason))
             reason = (f"content type {message.content_type!r} is not accepted "
                       f"(accept_content: {sorted(self.accept)})")
             return Refusal(reason, ContentDisallowed(reason))
+        if self.signed and message.content_type == signing.CONTENT_TYPE:
+            refusal = self._verify(message.body)
+            if refusal is not None:
+                return refusal
         name = message.headers["task"]
         if name not in self.tasks:
             return Refusal(f"unknown task {name!r}", NotRegistered(name))
+        return None
+
+
+    def _verify(self, body: bytes) -> Refusal | None:
+        verifier = signing.current()
+        try:
+            if verifier is None:
+                raise SecurityError("this worker cannot check signatures: its app did not "
+                                    "call app.setup_security()")
+            verifier.verify(body)
+        except SecurityError as exc:
+            reason = f"signature check failed: {exc}"
+            return Refusal(reason, SecurityError(reason))
         return None
 
 

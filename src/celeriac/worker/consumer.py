@@ -16,6 +16,11 @@ Ordering: a result is stored before, or in the same script as, its message's ack
 Rate limits (ratelimit.py): ``_dispatch`` asks the ``RateLimiter`` about each job of a
 limited task; one without a token is held there, outside ``reserved`` and the pool, and
 the Timer brings it back when its token accrues. Unlimited tasks pay one dict lookup.
+
+Flow control (limits.py, only for an app with such tasks): unique locks let go as jobs
+start, end, come back redelivered or are dropped; a job of a task with ``concurrency``
+takes a slot in the shared store in ``_dispatch``, held there without one as a rate
+limit holds it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from ..protocol import Delivery, parse_time, utcnow
 from ..tasks import Request
 from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr
+from .limits import FlowControl, wanted
 from .ratelimit import RateLimiter
+from .revoking import revoked_on_arrival
 from .state import revoked_stamps, revoking_stamps
 from .task_events import TaskEvents
 
@@ -110,6 +117,10 @@ class Consumer:
         # Parses every task's rate limit now: a bad one stops the worker at its start.
         self.limiter = RateLimiter(self.app, worker.timer, self._rate_due)
         self.limiter.room = lambda: pool.free_slots() + pool.queue_slots()
+        # Unique locks and concurrency slots (limits.py): None without such tasks.
+        self.flow = FlowControl(self.app, worker.timer, self.reserved, self._rate_due,
+                                self._drop_revoked, self._skip, worker.hostname) \
+            if wanted(self.app) else None
         revoked = getattr(worker, "revoked", None)
         self._revoked: dict[str, float] = revoked.ids if revoked is not None else {}
         """Revoked ids (``worker/revoked.py``), the same dict: tested at arrival and
@@ -126,6 +137,16 @@ class Consumer:
         return self.pool.capacity() * self.app.settings.worker_prefetch_multiplier
 
     # -- lifecycle ------------------------------------------------------------------------
+    async def bind_queues(self) -> None:
+        """Make ``queues`` (the worker's list, changed in place) what this worker
+        consumes: a fanout group's queue of its own, bound to the group (every worker
+        gets a copy), and with ``worker_direct`` its ``<hostname>.dq``."""
+        plan = self.app.routing.worker_queues(list(self.queues), self.worker.hostname)
+        for queue, group in plan:
+            if group is not None:
+                await self.transport.bind_fanout(group, queue)
+        self.queues[:] = list(dict.fromkeys(queue for queue, _ in plan))
+
     def start(self) -> None:
         self.pool.attach(self)
         self.loop = asyncio.get_running_loop()
@@ -164,10 +185,14 @@ class Consumer:
         """Return prefetched messages that never started; their delivery is not counted."""
         # Jobs held by their rate limit are prefetched messages that never started too.
         jobs = list(self.reserved) + self.limiter.drain()
+        if self.flow is not None:
+            jobs += self.flow.drain()
         self.reserved.clear()
         if jobs:
             await self.transport.requeue([self.deliveries.pop(j.seq) for j in jobs],
                                          redelivered=False)
+            if self.flow is not None:
+                self.flow.forget(jobs)  # their slots (a unique lock stays: still queued)
         return len(jobs)
 
     async def flush(self) -> None:
@@ -187,6 +212,8 @@ class Consumer:
             self._executor.shutdown(wait=False)
             self._executor = None
         self.limiter.close()
+        if self.flow is not None:
+            await self.flow.close()
 
     def _guard(self) -> float:
         # How long stopping waits for a turn in flight: a broker that neither
@@ -212,6 +239,8 @@ class Consumer:
         # Held rate-limited messages do not count (up to a bound): they must not stop
         # the fetches that bring other tasks' messages from behind them.
         in_hand = len(self.deliveries) - self.limiter.budget_exempt(limit)
+        if self.flow is not None:
+            in_hand -= self.flow.exempt(limit)  # held for a concurrency slot
         # Above the low-water mark too while a child is idle with nothing reserved for
         # it: with multiplier 1 (limit = pool size), or children the autoscaler just
         # added, waiting for half the pool to finish would leave it idle for a whole task.
@@ -383,6 +412,8 @@ class Consumer:
             return self._refuse(d, refusal)
         # From here on every header the worker reads has been checked (admission.py).
         headers = d.message.headers
+        if self.flow is not None:
+            self.flow.arrived(d)  # redelivered (or dead-lettered below): its lock goes
         name, task_id = headers["task"], headers["id"]
         if self._revoked and task_id in self._revoked:
             return self._settle_revoked(d, name, task_id, "revoked")
@@ -397,7 +428,7 @@ class Consumer:
             logger.error("dead-lettered message %s from queue %r: %s", task_id, d.queue,
                          reason)
             exc = WorkerLostError(reason)
-            self._result(task_id, states.FAILURE, exc)
+            self._result(task_id, states.FAILURE, exc, d)
             self._after.append((d, reason))
             if events is not None:
                 self._finals.append(events.failed(task_id, exception_repr(exc)))
@@ -441,8 +472,13 @@ class Consumer:
         if not expired:
             logger.info("Task %s[%s] revoked; discarded without running", name, task_id)
         self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
-                     "exc_module": "celeriac.errors", "exc_message": [reason]})
+                     "exc_module": "celeriac.errors", "exc_message": [reason]}, d)
         self._acks.append(d)
+        if self.flow is not None:
+            self.flow.dropped(d.message.headers)
+        if d.message.headers.get("group"):  # a chord's header task: its part counts, as
+            # Celery counts a revoked one (revoking.py; off the loop: a backend write)
+            self._spawn(asyncio.to_thread(revoked_on_arrival, self.app, d.message, reason))
         if self.events is not None:
             event = self.events.expired(task_id)
             if not expired:
@@ -464,7 +500,14 @@ class Consumer:
             self._drop_revoked(job)
         return len(found)
 
+    def _skip(self, job: Job) -> None:
+        """Acknowledge a job that must not run again (limits.py: it succeeded)."""
+        self._acks.append(self.deliveries.pop(job.seq))
+        self._wake.set()
+
     def _drop_revoked(self, job: Job) -> None:
+        if self.flow is not None:
+            self.flow.forget((job,))
         self._settle_revoked(self.deliveries.pop(job.seq), job.headers["task"],
                              job.headers["id"], "revoked")
 
@@ -487,6 +530,8 @@ class Consumer:
                     job.headers):
                 self._drop_revoked(job)  # its stamps were revoked while it waited
                 continue
+            if self.flow is not None and not self.flow.admit(job):
+                continue  # held until a concurrency slot is free (limits.py)
             name = job.headers["task"]
             # The only cost of rate limits to an unlimited task: this lookup (None).
             limit = limits[name]
@@ -520,6 +565,8 @@ class Consumer:
     def on_job_started(self, job: Job) -> None:
         if self.events is not None:
             self.events.started(job.headers["id"])
+        if self.flow is not None:
+            self.flow.started(job)
         if self._terminate and (signal := self._terminate.pop(job.headers["id"], None)):
             self._kill_started(job, signal)
 
@@ -554,6 +601,8 @@ class Consumer:
         delivery = self.deliveries.pop(job.seq, None)
         if outcome.stored is not None:
             self._results.append(outcome.stored)
+        if self.flow is not None:
+            self.flow.finished(job, outcome)
         if self.events is not None:
             final = self.events.outcome(job.headers["id"], outcome)
             if final is None and outcome.state == states.REVOKED:
@@ -584,9 +633,11 @@ class Consumer:
         base: float = self.app.settings.task_redelivery_delay
         return min(base * 2.0 ** min(max(losses - 1, 0), 16), REDELIVERY_DELAY_CAP)
 
-    def _result(self, task_id: str, state: str, result: Any) -> None:
+    def _result(self, task_id: str, state: str, result: Any, d: Delivery) -> None:
         try:
-            self._results.append(self.app.backend.encode(task_id, state, result))
+            # The message's properties: rpc:// replies to the reply_to they name.
+            self._results.append(self.app.backend.encode(task_id, state, result,
+                                                         properties=d.message.properties))
         except Exception:
             logger.exception("Task [%s] could not store state %s", task_id, state)
 
@@ -597,7 +648,7 @@ class Consumer:
         logger.error("dead-lettered message %s from queue %r: %s", task_id or "(no id)",
                      d.queue, refusal.reason)
         if task_id is not None:
-            self._result(task_id, states.FAILURE, refusal.error)
+            self._result(task_id, states.FAILURE, refusal.error, d)
             if self.events is not None:
                 self.events.rejected(task_id, refusal.reason, requeue=False)
         self._after.append((d, refusal.reason))

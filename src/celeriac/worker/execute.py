@@ -22,6 +22,7 @@ from ..backends.base import Stored
 from ..canvas import followups
 from ..errors import DecodeError, Ignore, Reject, Retry, TimeLimitExceeded
 from ..protocol import decode_body
+from ..result import AsyncResult, GroupResult
 from ..runtime.aio import run_sync
 from ..runtime.request import Request, short_repr
 from ..serialization import compression
@@ -163,7 +164,7 @@ def _begin(app: Celeriac, job: Job) -> _Call | Outcome:
         if app.settings.task_track_started if track is None else track:
             backend.store(request.id, states.STARTED,
                           {"pid": os.getpid(), "hostname": job.hostname},
-                          retries=request.retries)
+                          retries=request.retries, properties=job.properties)
     hooks = app.hooks
     # Hooks, signal receivers and handlers see the task's request as current (Celery's
     # handlers read self.request); paid only when there are some.
@@ -249,6 +250,12 @@ def _request(task: Task[Any, Any], job: Job, args: Any, kwargs: Any,
 def _end(app: Celeriac, call: _Call, ran: Ran, task_events: bool) -> Outcome:
     """Follow-ups, the result's encoding, handlers and ``after_task`` hooks, the log."""
     state, retval, action, reason = ran
+    if isinstance(retval, (AsyncResult, GroupResult)) and \
+            app.settings.result_serializer != "pickle":
+        # A task that returns a result (of what it sent) stores its tuple form, as
+        # Celery's backend does (``prepare_value``): readers rebuild it with
+        # ``result_from_tuple``.
+        retval = retval.as_tuple()
     task, request, job = call.task, call.request, call.job
     embed, backend = call.embed, call.backend
     task_id = request.id
@@ -266,7 +273,7 @@ def _end(app: Celeriac, call: _Call, ran: Ran, task_events: bool) -> Outcome:
         if request.children:
             extended = {**(extended or {}), "children": request.children}
         stored = backend.encode(task_id, state, retval, traceback=tb, retries=request.retries,
-                                extended=extended)
+                                extended=extended, properties=job.properties)
     if task_events and state is not None:
         shown = (exception_repr(retval), tb) if failed else (result_repr(retval), None)
     if not followed:

@@ -57,6 +57,7 @@ class ConsumerStep(Step):
         await self.transport.connect(w.id)
         self.consumer = Consumer(w, self.transport, w.pool)
         w.consumer = self.consumer
+        await self.consumer.bind_queues()  # fanout and worker_direct queues
         # The lease renewal belongs to this step, not to one stopped before it: it must
         # go on while a warm shutdown waits for running tasks, or a task running longer
         # than the lease would be handed to another worker.

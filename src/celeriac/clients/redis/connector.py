@@ -22,13 +22,15 @@ transport's scripts are written so that a repeat does no harm.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import os
 import random
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -56,6 +58,8 @@ FAILOVER_STRATEGIES = ("round-robin", "shuffle")
 # Worth another try (on the next URL, if there are several). READONLY means this URL now
 # points at a replica: after a failover the primary is elsewhere.
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, TimeoutError)
+_SPIN: contextvars.ContextVar[bool] = contextvars.ContextVar("celeriac_redis_spin", default=True)
+"""Whether a lane spins for its reply in this thread (``Connector.crowded``)."""
 
 
 def transport_options(urls: Sequence[str], settings: Settings) -> Mapping[str, Any]:
@@ -231,7 +235,8 @@ class Connector:
         def op(client: redis.Redis, namespace: str) -> Any:
             lane = self._sync_lane()
             if lane is not None:
-                reply = lane.evalsha(script_sha(name), script_source(name), [namespace, *args])
+                reply = lane.evalsha(script_sha(name), script_source(name), [namespace, *args],
+                                     spin=_SPIN.get())
                 if replicas:
                     check_wait(lane.call("WAIT", replicas, timeout), replicas, timeout)
                 return reply
@@ -249,6 +254,18 @@ class Connector:
             return reply
 
         return self.call(op)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def crowded() -> Iterator[None]:
+        """Inside: this thread's scripts wait for their reply without spinning, since
+        other threads of the process wait on it too and need the CPU (the producer's
+        group commit, ``producer/batching.py``, when callers queue behind a round trip)."""
+        token = _SPIN.set(False)
+        try:
+            yield
+        finally:
+            _SPIN.reset(token)
 
     def command(self, build: Callable[[str], Sequence[Any]]) -> Any:
         """One command, its arguments ``build(namespace)``, over the lane where there is

@@ -129,13 +129,17 @@ class SyncLane:
             lane.call(*command)
         return lane
 
-    def call(self, *args: Any) -> Any:
+    def call(self, *args: Any, spin: bool = True) -> Any:
+        """One command's reply. ``spin=False``: block at once (other threads of this
+        process need the CPU the spin would take: a producer's group commit)."""
         if self.broken:
             raise redis.ConnectionError("connection closed")
         reader = self.reader
         try:
             self.sock.sendall(hiredis.pack_command(args))
-            if self._resting:
+            if not spin:
+                n = 0
+            elif self._resting:
                 self._resting -= 1
                 n = 0
             else:
@@ -180,12 +184,13 @@ class SyncLane:
             self._misses = 0
             return n
 
-    def evalsha(self, sha: str, source: str, args: Sequence[Any]) -> Any:
+    def evalsha(self, sha: str, source: str, args: Sequence[Any], *,
+                spin: bool = True) -> Any:
         try:
-            return self.call("EVALSHA", sha, 0, *args)
+            return self.call("EVALSHA", sha, 0, *args, spin=spin)
         except redis.exceptions.NoScriptError:
             self.call("SCRIPT", "LOAD", source)  # a restarted or flushed server
-            return self.call("EVALSHA", sha, 0, *args)
+            return self.call("EVALSHA", sha, 0, *args, spin=spin)
 
     def close(self) -> None:
         self.broken = True

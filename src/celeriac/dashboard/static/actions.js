@@ -1,5 +1,6 @@
 // celeriac dashboard, the actions: revoke / terminate a task, pool +1 / -1, shut a worker
-// down, set a rate limit. Each is a same-origin JSON POST carrying the CSRF token from the
+// down, set a rate limit (and dead.js's requeue and purge, through window.celeriacPost).
+// Each is a same-origin JSON POST carrying the CSRF token from the
 // celeriac_csrf cookie (see dashboard/actions.py); the replies show in #action-status.
 "use strict";
 (() => {
@@ -56,6 +57,7 @@
     }
     return { status: r.status, data: await r.json().catch(() => ({ error: "HTTP " + r.status })) };
   }
+  window.celeriacPost = post; // dead.js's requeue and purge go through it too
   async function act(action, label, body) {
     showStatus(label + "…", true);
     try {

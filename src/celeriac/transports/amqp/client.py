@@ -176,6 +176,9 @@ class SyncClient:
         self._links: set[_Link] = set()
         self._lock = threading.Lock()
         self._good = 0  # index of the URL that last worked (round-robin starts there)
+        self.auto_delete: set[str] = set()
+        """Queues this worker declared auto-delete (its fanout queues): declared alike
+        here (a copy parked until its eta), or RabbitMQ refuses the declaration."""
 
     # -- connections ----------------------------------------------------------------------
     def _link(self) -> _Link:
@@ -254,7 +257,8 @@ class SyncClient:
             return
         try:
             _QUIET.on = True
-            link.admin().queue_declare(name, durable=True, arguments=arguments)
+            link.admin().queue_declare(name, durable=True, arguments=arguments,
+                                       auto_delete=name in self.auto_delete)
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != 406:
                 raise
@@ -287,6 +291,12 @@ class SyncClient:
         link.delays[queue] = (top, when if have >= 0 else time.monotonic())
 
     def _route(self, link: _Link, item: Outgoing) -> tuple[str, str]:
+        if item.fanout:  # a Broadcast group: its fanout exchange, as kombu declares it
+            name = self.config.queue(item.queue)
+            if name not in link.exchanges:
+                link.admin().exchange_declare(name, "fanout", durable=True)
+                link.exchanges.add(name)
+            return name, name
         target = self.config.queue(item.queue)
         if self.config.kombu and target not in link.queues:
             # Celery's declarations of a queue: an exchange of its name, bound by it.
@@ -343,7 +353,9 @@ class SyncClient:
 
         def op(link: _Link) -> None:
             routes = {i: self._route(link, items[i]) for i in left}  # declare, then publish
-            sends = {i: (*routes[i], items[i].message.body, props[i], True) for i in left}
+            # A fanout with no queue bound is dropped, as RabbitMQ does for kombu's.
+            sends = {i: (*routes[i], items[i].message.body, props[i], not items[i].fanout)
+                     for i in left}
             self._send(link, sends, left)
 
         if left:

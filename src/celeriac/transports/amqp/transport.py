@@ -68,11 +68,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import aiormq
 from aiormq.abc import DeliveredMessage
 
 from ...clients.net import backoff
 from ...errors import BrokerUnavailable
 from ...protocol import Delivery
+from ...settings.routing import Routing
 from ..base import DeadLetter, Outgoing, Subscription, Transport
 from . import wire
 from .client import SyncClient
@@ -100,6 +102,7 @@ _QUIET = 0.005
 
 class AMQPTransport(Transport):
     scheme = "amqp"
+    fanout = True
 
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
@@ -110,6 +113,13 @@ class AMQPTransport(Transport):
         self._pid = 0
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._fanout: dict[str, str] = {}
+        """This worker's fanout queues -> their groups (declared at each consume)."""
+        self._topics = {q.name: (q.exchange, q.routing_key)
+                        for q in Routing(settings).declared if q.kind == "topic"}
+        """Topic queues of task_queues -> (exchange, pattern): bound where consumed, so a
+        Celery producer's publish to the exchange reaches them too (celeriac's own
+        producers route by the pattern themselves and publish to the queues)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -256,8 +266,14 @@ class AMQPTransport(Transport):
         for queue in queues:
             if self._consumers.get(queue) in ch.consumers:
                 continue
-            await link.declare(self.config.queue(queue), self.config.queue_arguments())
-            if self.config.kombu:  # Celery's exchange and binding of the queue
+            if queue in self._fanout:
+                await self._declare_fanout(link, queue, self._fanout[queue])
+            else:
+                await link.declare(self.config.queue(queue), self.config.queue_arguments())
+                if queue in self._topics:
+                    await self._bind_topic(link, queue, *self._topics[queue])
+            if self.config.kombu and queue not in self._fanout:
+                # Celery's exchange and binding of the queue
                 name = self.config.queue(queue)
                 await link.ops.exchange_declare(name, exchange_type="direct", durable=True)
                 await link.ops.queue_bind(name, name, routing_key=name)
@@ -268,6 +284,37 @@ class AMQPTransport(Transport):
                                    arguments={"x-consumer-timeout": self.config.consumer_timeout})
             grew = True
         return grew
+
+    async def bind_fanout(self, group: str, queue: str) -> None:
+        self._fanout[queue] = group
+        await self._declare_fanout(await self._ready(), queue, group)
+
+    async def _bind_topic(self, link: Link, queue: str, exchange: str, pattern: str) -> None:
+        try:
+            await link.ops.exchange_declare(self.config.queue(exchange),
+                                            exchange_type="topic", durable=True)
+            await link.ops.queue_bind(self.config.queue(queue), self.config.queue(exchange),
+                                      routing_key=pattern)
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            # Declared otherwise by someone else: our own producers do not need it.
+            logger.warning("exchange %r exists as another type (%s); queue %r is not bound "
+                           "to it", exchange, exc, queue)
+            link.ops = await link.conn.channel(publisher_confirms=True)
+
+    async def _declare_fanout(self, link: Link, queue: str, group: str) -> None:
+        # kombu's Broadcast: a fanout exchange named after the group, and per worker an
+        # auto-delete queue bound to it (gone when the worker's connection is), declared
+        # again on every new connection. Classic, whatever queue_type says: quorum
+        # queues cannot auto-delete.
+        name, exchange = self.config.queue(queue), self.config.queue(group)
+        self.client.auto_delete.add(name)
+        if name in link.declared:
+            return
+        await link.ops.exchange_declare(exchange, exchange_type="fanout", durable=True)
+        await link.ops.queue_declare(name, durable=True, auto_delete=True,
+                                     arguments={"x-max-priority": wire.MAX_PRIORITY})
+        await link.ops.queue_bind(name, exchange, routing_key="")
+        link.declared.add(name)
 
     async def _settle(self, link: Link, queues: Sequence[str], wanted: set[str], limit: int,
                       deadline: float) -> None:

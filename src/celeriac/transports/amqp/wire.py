@@ -200,7 +200,7 @@ def wire_properties(message: Message) -> dict[str, Any]:
         "delivery_mode": 2,  # persistent, whatever was asked: we never lose a task
         "priority": message.priority,
     }
-    for name in ("correlation_id", "reply_to"):
+    for name in ("correlation_id", "reply_to", "app_id"):
         if message.properties.get(name) is not None:
             props[name] = str(message.properties[name])
     return props
@@ -239,6 +239,9 @@ def from_wire(props: Any, body: bytes, keep: frozenset[str] = frozenset()) -> In
     if props.correlation_id is not None:
         properties = {"correlation_id": props.correlation_id, "reply_to": props.reply_to,
                       "delivery_mode": props.delivery_mode, **properties}
+    app_id = getattr(props, "app_id", None)
+    if app_id is not None:  # apply_async(app_id=): the task's request.properties
+        properties["app_id"] = app_id
     message = Message(headers, bytes(body), props.content_type or "application/data",
                       props.content_encoding or "binary", properties)
     return Incoming(message, counted if isinstance(counted, int) else 0,

@@ -30,6 +30,7 @@ from ... import states
 from ...errors import SoftTimeLimitExceeded, TaskRevoked, TimeLimitExceeded
 from ...runtime.aio import Guard, LagWatch
 from ..execute import Job, Outcome, aexecute, exception_repr
+from ..revoking import revoked_part
 
 if TYPE_CHECKING:
     from ...app import Celeriac
@@ -167,4 +168,6 @@ def revoked_outcome(app: Celeriac, job: Job, reason: str, task_events: bool) -> 
             "exc_type": "TaskRevoked", "exc_module": "celeriac.errors",
             "exc_message": [reason]})
     shown = (exception_repr(TaskRevoked(reason)), None) if task_events else None
+    if stored is not None and revoked_part(app, job, stored):
+        stored = None  # stored with its chord part's count, as Celery's worker does
     return Outcome("ack", states.REVOKED, reason, stored=stored, shown=shown)

@@ -20,7 +20,9 @@ the await it waits in; it ends ``REVOKED`` (``TaskRevoked`` stored, acknowledged
 redelivered) and the loop's other tasks go on. One that ignores the cancellation cannot be
 stopped here (nothing kills a thread, and the loop is the worker's process): after
 ``worker_async_kill_grace`` the pool logs so, and the task ends ``REVOKED`` whenever it
-returns. A sync task in a thread cannot be terminated at all: the command says so.
+returns. A sync task in a thread gets a cooperative abort (``runtime.aborts``): its
+``self.is_aborted()`` (``AbortableTask``) turns True, and if it stops there it ends
+``REVOKED``; one that never looks runs to its end.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ... import states
-from ...errors import ControlError, SoftTimeLimitExceeded
+from ...errors import SoftTimeLimitExceeded
+from ...runtime import aborts
 from ...runtime.aio import new_loop
 from ...runtime.progress import ProgressReporter
 from ..execute import Job, Outcome, execute, is_async
@@ -136,6 +139,8 @@ class ThreadsPool(Pool):
             try:
                 self._call(self._begun, job, soft, me)
                 outcome = execute(self.app, job, self.task_events)
+                if aborts.clear(job.headers["id"]):
+                    outcome = self._aborted(job, outcome)
             except SoftTimeLimitExceeded as exc:  # raised outside the task's body
                 outcome = Outcome("ack", None, repr(exc))
             except BaseException as exc:  # reported; the thread goes on
@@ -183,6 +188,7 @@ class ThreadsPool(Pool):
                 ctypes.c_ulong(ident), ctypes.py_object(SoftTimeLimitExceeded))
 
     def _done(self, job: Job, outcome: Outcome) -> None:
+        aborts.clear(job.headers["id"])  # an abort asked as it ended, after its thread looked
         entry = self._limits.pop(job.seq, None)
         if entry is not None:
             entry.cancel()
@@ -219,7 +225,7 @@ class ThreadsPool(Pool):
     def terminate_job(self, task_id: str, signum: int) -> bool:
         """Cancel async task ``task_id`` on the loop thread (``signum`` is not used: no
         process is signalled); False if it waits for room there (it is cancelled as it
-        starts). A sync task's thread cannot be stopped: ``ControlError``."""
+        starts). A sync task's thread cannot be stopped: it is asked to (an abort)."""
         for job in self._async.values():
             if job.headers["id"] != task_id:
                 continue
@@ -232,9 +238,27 @@ class ThreadsPool(Pool):
             return True
         for job in self._sync.values():
             if job.headers["id"] == task_id:
-                raise ControlError("terminate: the threads pool cannot kill a running sync "
-                                   "task (use prefork); it is revoked")
+                # A thread cannot be killed: the task is asked to stop (its
+                # ``self.is_aborted()``) and ends REVOKED if it does (``_aborted``).
+                logger.warning("Task %s[%s] revoked: asking it to stop (a cooperative "
+                               "abort: a thread cannot be killed)", job.headers["task"],
+                               task_id)
+                aborts.request(task_id)
+                return True
         return False
+
+    def _aborted(self, job: Job, outcome: Outcome) -> Outcome:
+        """In the task's thread (its chord part is counted here, off the loop): a task
+        asked to stop that did (``AbortableTask`` ends such a run with nothing done
+        after it: no state, acknowledged) ends REVOKED; one that ran on to its end
+        keeps its outcome, whose follow-ups were sent."""
+        if outcome.state is None and outcome.action == "ack":
+            return revoked_outcome(self.app, job, "terminated: aborted on the threads pool",
+                                   self.task_events)
+        logger.warning("Task %s[%s] was asked to stop (revoked with terminate) and ran to "
+                       "its end: it keeps its outcome (%s)", job.headers["task"],
+                       job.headers["id"], outcome.state)
+        return outcome
 
     def _cancel_ignored(self, job: Job) -> None:
         self._revoking.pop(job.seq, None)

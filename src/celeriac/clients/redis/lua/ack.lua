@@ -3,11 +3,13 @@
 -- ARGV[2] consumer, [3..] ids. Returns how many were deleted.
 
 local owned = key('owned', ARGV[2])
-local done = 0
+local ids = {}
 for i = 3, #ARGV do
   if redis.call('SREM', owned, ARGV[i]) == 1 then
-    redis.call('UNLINK', key('m', ARGV[i]))
-    done = done + 1
+    ids[#ids + 1] = ARGV[i]
   end
 end
-return done
+if #ids > 0 then
+  forget(ids)
+end
+return #ids

@@ -7,10 +7,17 @@
 --
 --   <ns>:seq              string  INCR counter. A message id is a value of it, zero-padded
 --                                 to 16 digits, so ids sort as strings in publish order.
---   <ns>:m:<id>           hash    one message: q queue, s score (9 - priority), n hand-outs
---                                 so far (absent until the first), e envelope (JSON:
---                                 headers, properties, content type), b body; once
---                                 dead-lettered also r reason, t when (unix seconds).
+--   <ns>:m:<id>           string  one message, "<s>,<#q>,<#e>,<q><e><b>" (pack_msg): s score
+--                                 (9 - priority), q queue, e envelope (protocol.py's compact
+--                                 JSON: headers and properties without their defaults), b
+--                                 body. One string, not a hash: a hash holding a value over
+--                                 hash-max-listpack-value (64 bytes) becomes a hash table
+--                                 (~900 bytes a message against ~200).
+--                         hash    the same message in the earlier layout, still read
+--                                 (read_msg): fields q, s, n hand-outs so far, e, b. A dead
+--                                 letter is always this hash, with r reason, t when (unix s).
+--   <ns>:counts           hash    id -> hand-outs so far of a string-form message (absent:
+--                                 none), so a queued message costs no counter at all.
 --   <ns>:q:<queue>        zset    ready ids, score s. Equal scores sort by member, so
 --                                 ZRANGE order is higher priority first, then oldest (FIFO).
 --   <ns>:delayed          zset    delayed ids (all queues), score = due time (unix ms).
@@ -53,24 +60,108 @@ local WAKE_TTL_MS = 60000
 -- Queues that got a ready or delayed message in this script: notify() wakes their sleepers.
 local touched = {}
 
--- Take back message hash `k`'s last hand-out (a message given back unstarted).
-local function uncount(k)
-  if redis.call('HINCRBY', k, 'n', -1) < 0 then
-    redis.call('HSET', k, 'n', 0)
+-- A message's string: score, queue, envelope and body, the lengths first so that any
+-- bytes may follow. A fair score is a number: %.17g keeps all its digits.
+local function pack_msg(q, s, e, b)
+  if type(s) == 'number' then
+    s = string.format('%.17g', s)
   end
+  return s .. ',' .. #q .. ',' .. #e .. ',' .. q .. e .. b
+end
+
+-- Store message `id`. A compact envelope (protocol.pack: "[...]") makes the string form;
+-- a full one (Message.envelope: "{...}") the earlier layout's hash, which workers of the
+-- previous version read (compact_messages=False, transports/redis.py, during an upgrade).
+local function store_msg(id, q, s, e, b)
+  if string.sub(e, 1, 1) == '{' then
+    redis.call('HSET', key('m', id), 'q', q, 's', s, 'e', e, 'b', b)
+  else
+    redis.call('SET', key('m', id), pack_msg(q, s, e, b))
+  end
+end
+
+-- Message `id`: queue, score, envelope, body, and whether it is the earlier layout's
+-- hash; nil if it no longer exists.
+local function read_msg(id)
+  local k = key('m', id)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then  -- WRONGTYPE: a hash
+    local f = redis.call('HMGET', k, 'q', 's', 'e', 'b')
+    if not f[1] then
+      return nil
+    end
+    return f[1], f[2], f[3], f[4], true
+  end
+  if not v then
+    return nil
+  end
+  local s, lq, le, p = string.match(v, '^([^,]*),(%d+),(%d+),()')
+  if not s then
+    return nil
+  end
+  lq, le = tonumber(lq), tonumber(le)
+  return string.sub(v, p, p + lq - 1), s, string.sub(v, p + lq, p + lq + le - 1),
+    string.sub(v, p + lq + le), false
+end
+
+-- Message `id`'s queue and score (and whether it is a hash) without reading its body.
+local function read_head(id)
+  local k = key('m', id)
+  local v = redis.pcall('GETRANGE', k, 0, 127)
+  if type(v) == 'table' then
+    local f = redis.call('HMGET', k, 'q', 's')
+    return f[1], f[2], true
+  end
+  local s, lq, p = string.match(v, '^([^,]*),(%d+),%d+,()')
+  if not s then
+    return nil  -- GETRANGE gives '' for a key that is gone
+  end
+  lq = tonumber(lq)
+  if p + lq - 1 > #v then
+    v = redis.call('GETRANGE', k, 0, p + lq - 2)
+  end
+  return string.sub(v, p, p + lq - 1), s, false
+end
+
+-- Count a hand-out of message `id` (`old`: a hash); returns the count.
+local function count_out(id, old)
+  if old then
+    return redis.call('HINCRBY', key('m', id), 'n', 1)
+  end
+  return redis.call('HINCRBY', key('counts'), id, 1)
+end
+
+-- Take back message `id`'s last hand-out (a message given back unstarted).
+local function uncount(id, old)
+  if old then
+    local k = key('m', id)
+    if redis.call('HINCRBY', k, 'n', -1) < 0 then
+      redis.call('HSET', k, 'n', 0)
+    end
+  elseif redis.call('HINCRBY', key('counts'), id, -1) <= 0 then
+    redis.call('HDEL', key('counts'), id)
+  end
+end
+
+-- Delete messages `ids` (a list, at least one): their values and their counts.
+local function forget(ids)
+  local keys = {}
+  for i, id in ipairs(ids) do
+    keys[i] = key('m', id)
+  end
+  redis.call('UNLINK', unpack(keys))
+  redis.call('HDEL', key('counts'), unpack(ids))
 end
 
 -- Put message `id` back on its queue; `uncounted`: its last hand-out does not count.
 -- Returns its queue, or false if the message no longer exists.
 local function make_ready(id, uncounted)
-  local k = key('m', id)
-  local f = redis.call('HMGET', k, 'q', 's')
-  local q, s = f[1], f[2]
+  local q, s, old = read_head(id)
   if not q then
     return false
   end
   if uncounted then
-    uncount(k)
+    uncount(id, old)
   end
   redis.call('ZADD', key('q', q), s, id)
   touched[q] = true
@@ -164,15 +255,14 @@ local function fetch_ready(me, lease, limit, register, queues)
   local out = {-1}
   local taken = {}
   for _, id in ipairs(picked) do
-    local k = key('m', id)
-    local f = redis.call('HMGET', k, 'q', 'e', 'b')
-    if f[1] then
+    local q, _, e, b, old = read_msg(id)
+    if q then
       taken[#taken + 1] = id
       out[#out + 1] = id
-      out[#out + 1] = f[1]
-      out[#out + 1] = redis.call('HINCRBY', k, 'n', 1)
-      out[#out + 1] = f[2]
-      out[#out + 1] = f[3]
+      out[#out + 1] = q
+      out[#out + 1] = count_out(id, old)
+      out[#out + 1] = e
+      out[#out + 1] = b
     end
   end
   if #taken > 0 then

@@ -5,13 +5,13 @@ local q = ARGV[2]
 local n = 0
 local ready = key('q', q)
 for _, id in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
-  redis.call('UNLINK', key('m', id))
+  forget({id})
   n = n + 1
 end
 local dq = key('dq', q)
 for _, id in ipairs(redis.call('SMEMBERS', dq)) do
   redis.call('ZREM', key('delayed'), id)
-  redis.call('UNLINK', key('m', id))
+  forget({id})
   n = n + 1
 end
 redis.call('DEL', ready, dq)

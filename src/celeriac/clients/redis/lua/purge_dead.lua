@@ -14,7 +14,7 @@ end
 local n = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', dead, id) == 1 then
-    redis.call('UNLINK', key('m', id))
+    forget({id})
     n = n + 1
   end
 end

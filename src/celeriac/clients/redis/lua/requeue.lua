@@ -12,11 +12,10 @@ for i = 5, #ARGV do
   local id = ARGV[i]
   if redis.call('SREM', owned, id) == 1 then
     if due then
-      local k = key('m', id)
-      local q = redis.call('HGET', k, 'q')
+      local q, _, old = read_head(id)
       if q then
         if uncounted then
-          uncount(k)
+          uncount(id, old)
         end
         put_delayed(id, q, due)
         moved = moved + 1

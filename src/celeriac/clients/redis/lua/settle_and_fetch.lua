@@ -51,16 +51,15 @@ if nacks > 0 then
     ids[#ids + 1] = ARGV[i]
   end
   local mine = redis.call('SMISMEMBER', owned, unpack(ids))
-  local done, keys = {}, {}
+  local done = {}
   for i, m in ipairs(mine) do
     if m == 1 then
       done[#done + 1] = ids[i]
-      keys[#keys + 1] = key('m', ids[i])
     end
   end
   if #done > 0 then
     redis.call('SREM', owned, unpack(done))
-    redis.call('UNLINK', unpack(keys))
+    forget(done)
   end
   a = a + nacks
 end
