@@ -42,6 +42,7 @@ import memory as broker_memory
 import outbox as bench_outbox
 import pool_overhead
 import producers
+import startup as bench_startup
 from celeriac_systems import CeleriacMemory, CeleriacProcess
 from harness import PEERS, BenchError, console, machine_lock, terminate_as_interrupt
 from measuring import Outcome, bench, memory_soak
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                              "delay() (bench/outbox.py; needs PostgreSQL)")
     parser.add_argument("--no-producers", dest="producers", action="store_false",
                         help="skip delay()/s from 1 and 16 threads (bench/producers.py)")
+    parser.add_argument("--no-startup", dest="startup", action="store_false",
+                        help="skip import, --help and worker-ready times (bench/startup.py)")
     parser.add_argument("--latency-load", action="store_true",
                         help="also time delay() to task start while sending at half the "
                              "maximum drain for 30 s (bench/latency_load.py; minutes)")
@@ -184,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 "celery" in names)
                 loaded = latency_load.measure_if(opts.latency_load, opts.runs,
                                                  "celery" in names, Path(tmp) / "latency")
+                starts = bench_startup.measure_if(opts.startup, opts.runs)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; workers and drivers stopped[/]")
             return 130
@@ -226,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_outbox.show(outbox)
     producers.show(threaded)
     latency_load.show(loaded)
+    bench_startup.show(starts)
     console.print(f"[dim]total {time.monotonic() - began:.0f}s[/]")
     return 1 if canvas_failed or any(o.error for o in outcomes) else 0
 

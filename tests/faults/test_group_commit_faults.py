@@ -113,6 +113,7 @@ def test_kill_9_mid_stream_no_caller_is_told_stored_what_was_lost(own_redis: Own
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a caller never returned"
     group = batching.for_publisher(app.publisher)
+    assert group is not None
     app.close()
 
     own_redis.start()  # from its AOF: everything it confirmed

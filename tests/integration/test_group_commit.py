@@ -82,6 +82,7 @@ def test_16_threads_store_every_message_once_and_share_round_trips(app: Celeriac
     sent = [x for chunk in ids for x in chunk]
     assert len(set(sent)) == THREADS * PER_THREAD
     group = batching.for_publisher(app.publisher)
+    assert group is not None
     assert group.messages == THREADS * PER_THREAD
     assert group.round_trips < group.messages, "no round trip carried two messages"
     transport = track(RedisTransport(app.settings.broker_url, app.settings))

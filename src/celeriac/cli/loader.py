@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from ..app import Celeriac
+if TYPE_CHECKING:
+    from ..app import Celeriac
 
 
 class AppLoader:
@@ -26,6 +28,8 @@ class AppLoader:
 
 def load_app(spec: str | None) -> Celeriac:
     """``module`` or ``module:attribute``; without a spec, an app on the default broker."""
+    from ..app import Celeriac  # deferred: ``celeriac --help`` never loads the app
+
     if not spec:
         return Celeriac()
     module_name, _, attr = spec.partition(":")

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from typing import Final
 
 from ..errors import BrokerLost, BrokerUnavailable, OperationalError
-from ..transports.base import Outgoing, Publisher
+from ..transports.base import Outgoing, Publisher, Transport
 
 Flush = Callable[[Sequence[Outgoing]], None]
 
@@ -189,14 +189,18 @@ def _own(error: BaseException) -> BaseException:
     return mine
 
 
-_registry: weakref.WeakKeyDictionary[Publisher, GroupCommit] = weakref.WeakKeyDictionary()
+_registry: weakref.WeakKeyDictionary[Publisher, GroupCommit | bool] = \
+    weakref.WeakKeyDictionary()
+"""Publisher -> its group commit, or False where there is none (looked up once)."""
 _registry_lock = threading.Lock()
 _registry_pid = os.getpid()
 
 
-def for_publisher(publisher: Publisher) -> GroupCommit:
+def for_publisher(publisher: Publisher) -> GroupCommit | None:
     """``publisher``'s group commit in this process (made on first use; a forked child
-    starts afresh: a leader of the parent's would never wake its queue here)."""
+    starts afresh: a leader of the parent's would never wake its queue here). None for
+    a publisher that is not a broker's (an outbox, a pool child's relay) or lives in
+    this process's memory: there is no round trip to share."""
     global _registry, _registry_lock, _registry_pid
     if _registry_pid != os.getpid():
         _registry, _registry_lock = weakref.WeakKeyDictionary(), threading.Lock()
@@ -206,8 +210,14 @@ def for_publisher(publisher: Publisher) -> GroupCommit:
         with _registry_lock:
             found = _registry.get(publisher)
             if found is None:
-                # A Redis transport's connector waits for replies without spinning
-                # when asked to (duck-typed: this layer names no broker).
-                crowded = getattr(getattr(publisher, "conn", None), "crowded", None)
-                found = _registry[publisher] = GroupCommit(publisher.publish_many, crowded)
-    return found
+                found = _registry[publisher] = _make(publisher)
+    return found if isinstance(found, GroupCommit) else None
+
+
+def _make(publisher: Publisher) -> GroupCommit | bool:
+    if not isinstance(publisher, Transport) or publisher.process_local:
+        return False
+    # A Redis transport's connector waits for replies without spinning when asked to
+    # (duck-typed: this layer names no broker).
+    crowded = getattr(getattr(publisher, "conn", None), "crowded", None)
+    return GroupCommit(publisher.publish_many, crowded)

@@ -14,7 +14,7 @@ from ..clients.net import retrying
 from ..errors import ConfigurationError
 from ..runtime import request as _request
 from ..settings.routing import Route
-from ..transports.base import Outgoing, Publisher, Transport
+from ..transports.base import Outgoing, Publisher
 from . import batching as _batching
 from . import builder as _builder
 from . import flow as _flow
@@ -63,12 +63,12 @@ def _publish(app: Celeriac, publisher: Publisher, queue: str, message: Message,
              delay: float | None, *, grouped: bool = False) -> None:
     if isinstance(queue, Route):
         publisher.publish_many(expand(app, [Outgoing(queue, message, delay)]))
-    elif grouped and isinstance(publisher, Transport) and not publisher.process_local:
+    elif grouped and (group := _batching.for_publisher(publisher)) is not None:
         # Concurrent callers share round trips (batching.py), each returning once its
         # own is confirmed; only under the default retry policy, which the leader's
         # round trip applies to all. A message too large fails its caller alone.
         publisher.check_size(message)
-        _batching.for_publisher(publisher).publish([Outgoing(queue, message, delay)])
+        group.publish([Outgoing(queue, message, delay)])
     else:
         publisher.publish(queue, message, delay=delay)
 

@@ -235,8 +235,8 @@ class Connector:
         def op(client: redis.Redis, namespace: str) -> Any:
             lane = self._sync_lane()
             if lane is not None:
-                reply = lane.evalsha(script_sha(name), script_source(name), [namespace, *args],
-                                     spin=_SPIN.get())
+                lane.spin = _SPIN.get()  # the lane is this thread's alone
+                reply = lane.evalsha(script_sha(name), script_source(name), [namespace, *args])
                 if replicas:
                     check_wait(lane.call("WAIT", replicas, timeout), replicas, timeout)
                 return reply

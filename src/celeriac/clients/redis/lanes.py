@@ -96,6 +96,9 @@ class SyncLane:
         """Replies in a row the spin did not catch."""
         self._resting = 0
         """Calls left that block without spinning."""
+        self.spin = True
+        """False: block at once (other threads of this process need the CPU the spin
+        would take: a producer's group commit, ``Connector.crowded``)."""
 
     @classmethod
     def open(cls, params: dict[str, Any], name: str, connect_timeout: float,
@@ -129,15 +132,13 @@ class SyncLane:
             lane.call(*command)
         return lane
 
-    def call(self, *args: Any, spin: bool = True) -> Any:
-        """One command's reply. ``spin=False``: block at once (other threads of this
-        process need the CPU the spin would take: a producer's group commit)."""
+    def call(self, *args: Any) -> Any:
         if self.broken:
             raise redis.ConnectionError("connection closed")
         reader = self.reader
         try:
             self.sock.sendall(hiredis.pack_command(args))
-            if not spin:
+            if not self.spin:
                 n = 0
             elif self._resting:
                 self._resting -= 1
@@ -184,13 +185,12 @@ class SyncLane:
             self._misses = 0
             return n
 
-    def evalsha(self, sha: str, source: str, args: Sequence[Any], *,
-                spin: bool = True) -> Any:
+    def evalsha(self, sha: str, source: str, args: Sequence[Any]) -> Any:
         try:
-            return self.call("EVALSHA", sha, 0, *args, spin=spin)
+            return self.call("EVALSHA", sha, 0, *args)
         except redis.exceptions.NoScriptError:
             self.call("SCRIPT", "LOAD", source)  # a restarted or flushed server
-            return self.call("EVALSHA", sha, 0, *args, spin=spin)
+            return self.call("EVALSHA", sha, 0, *args)
 
     def close(self) -> None:
         self.broken = True
