@@ -88,18 +88,21 @@ BACKEND_URLS: dict[str, Callable[[Path], str]] = {
 
 def _celery_database(tmp: Path) -> str:
     """Celery's SQLAlchemy tables have fixed names: a database for each test process
-    (pytest-xdist's runs several), its tables dropped for each test (a process runs one
-    test at a time)."""
+    (by pid: pytest-xdist's processes, and two runs on one machine, stay apart), its
+    tables dropped for each test (a process runs one test at a time), the database
+    dropped as the process exits."""
+    import atexit
     import os
 
     import psycopg
 
     server = require("postgres").rsplit("/", 1)[0]
-    name = f"celeriac_contract_celery_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    name = f"celeriac_contract_celery_{os.getpid()}"
     with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
         if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s",
                              (name,)).fetchone():
             admin.execute(f'CREATE DATABASE "{name}"')
+            atexit.register(_drop_database, f"{server}/postgres", name)
     with psycopg.connect(f"{server}/{name}", autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS celery_taskmeta, celery_tasksetmeta, "
                      "celeriac_chord_parts, celeriac_chords")
@@ -107,6 +110,13 @@ def _celery_database(tmp: Path) -> str:
 
 
 BACKEND_URLS["postgres-celery"] = _celery_database
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _mysql_database(tmp: Path) -> str:

@@ -39,9 +39,10 @@ mechanism, a woken wait: without one the fetch would return at its 5 s timeout (
 SQLite transport's 1 s recheck, 0.85 s after the publish). Woken, it returns in a few
 milliseconds, and this bound leaves room for a loaded machine's scheduling (kombu's
 layout polls, at most 100 ms apart, which is inside it too)."""
-SLACK = 0.5
+SLACK = 1.5
 """How much later than asked a timed wait may return: room for a loaded machine's
-scheduling, still far below what a wait that is not woken would take (its timeout)."""
+scheduling (1.27 s late was seen with the suite, two CPU hogs and other work on 2 CPUs),
+still far below what a wait that is not woken would take (its 5 s timeout)."""
 DELAY = 0.6
 """A delayed message's delay: long enough that a check made right after the publish
 (0.1 s) still sees it held on a loaded machine."""

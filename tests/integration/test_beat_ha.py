@@ -35,8 +35,10 @@ LEASE = 2.0
 pytestmark = pytest.mark.slow
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Poll ``check`` until it returns something true; fail after ``timeout``."""
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 40.0) -> Any:
+    """Poll ``check`` until it returns something true; fail after ``timeout`` (generous:
+    three beat processes starting at once on a loaded 2-CPU machine printed nothing for
+    15 s)."""
     return wait_until(check, timeout, 0.05, message=what)
 
 
