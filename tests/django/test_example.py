@@ -90,7 +90,8 @@ def worker(example: Example) -> Iterator[WorkerProcess]:
     """One worker with an embedded beat, and a second beat process beside it."""
     w = WorkerProcess("proj", "-B", "-c", "2", env=example.env, cwd=str(PROJECT))
     beat = subprocess.Popen(
-        [sys.executable, "-m", "celeriac", "-A", "proj", "beat", "-l", "info"],
+        [sys.executable, "-m", "celeriac", "-A", "proj", "beat", "-l", "info",
+         "-S", "django_celery_beat.schedulers:DatabaseScheduler"],  # as its docs start it
         cwd=PROJECT, env={**os.environ, **example.env}, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:

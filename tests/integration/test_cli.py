@@ -82,6 +82,15 @@ def test_errors_are_one_clear_line(env: dict[str, str], args: list[str],
     assert expected in lines[0]
 
 
+def test_beat_scheduler_option_names_what_it_accepts(env: dict[str, str]) -> None:
+    # django-celery-beat's docs start beat with --scheduler; a scheduler we cannot honour
+    # is refused before the beat starts, naming the option and what it takes.
+    out = cli(env, "-A", APP, "beat", "-S", "myproj.schedulers:Custom")
+    assert out.returncode == 2
+    assert "Invalid value for --scheduler" in out.stderr
+    assert "django_celery_beat.schedulers:DatabaseScheduler" in out.stderr
+
+
 def test_dead_letter_commands(app: Celeriac, env: dict[str, str],
                               start_worker: Callable[..., WorkerProcess]) -> None:
     from celeriac.testing import wait_until

@@ -1,6 +1,6 @@
 """``celeriac beat``: run a beat (any number of them may run), or change its entries.
 
-``celeriac -A proj beat [--max-interval S] [-l info]`` runs one until SIGINT/SIGTERM;
+``celeriac -A proj beat [--max-interval S] [-S SCHEDULER] [-l info]`` runs one until SIGINT/SIGTERM;
 ``celeriac beat list | add | remove | enable | disable | run NAME`` change the shared
 store at runtime (every running beat sees the change at its next tick).
 """
@@ -19,6 +19,7 @@ from rich.table import Table
 
 from ..beat import schedules
 from ..beat.runner import run_standalone
+from ..errors import ConfigurationError
 from .loader import AppLoader
 from .worker import LEVELS, setup_logging
 
@@ -54,14 +55,24 @@ def _json(value: str | None, what: str, kind: type) -> Any:
               help="Longest sleep between checks (default: beat_max_loop_interval).")
 @click.option("-l", "--loglevel", type=click.Choice(LEVELS, case_sensitive=False),
               default="warning", show_default=True)
+@click.option("-S", "--scheduler", default=None, metavar="NAME",
+              help="beat_scheduler for this beat: "
+                   "django_celery_beat.schedulers:DatabaseScheduler reads the Django "
+                   "admin's schedules (default: the setting).")
 @click.pass_context
-def beat(ctx: click.Context, max_interval: float | None, loglevel: str) -> None:
+def beat(ctx: click.Context, max_interval: float | None, loglevel: str,
+         scheduler: str | None) -> None:
     """Run a beat, which sends periodic tasks when due; with a subcommand, change its
     entries. Any number of beats may run: one leads, the others take over if it stops."""
     setup_logging(loglevel)
     if ctx.invoked_subcommand is not None:
         return
     app = ctx.obj()
+    if scheduler is not None:
+        try:
+            app.conf.update(beat_scheduler=scheduler)
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), param_hint="--scheduler") from None
     app.finalize()
     sys.exit(asyncio.run(run_standalone(app, max_interval)))
 
