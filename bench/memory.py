@@ -5,9 +5,11 @@ this measurement's own (a free port, ``--save "" --appendonly no``, emptied betw
 systems), and ``INFO memory`` ``used_memory`` is read before and after; the difference
 over N is the figure. Three layouts: celeriac's own (``delay_many``), celeriac's kombu
 layout in compatibility mode (``?layout=kombu``, Celery's wire in kombu's keys), and
-Celery 5 itself (``send_task`` on one held producer, in bench/.venv-celery, which
-``bench/run.py`` makes on first use; skipped with a note when it is missing). Each side
-sends one task first (connections, scripts, kombu's bindings), then the measured N.
+Celery 5 itself (``send_task`` on a held producer in ``SENDERS`` processes that share
+the N, in bench/.venv-celery, which ``bench/run.py`` makes on first use; skipped with a
+note when it is missing). Each side sends one task first (connections, scripts, kombu's
+bindings), then the measured N. ``--layouts`` picks some (Celery's is slow: 230-700
+``send_task``/s per process on a loaded 2-CPU machine).
 
 RSS: a celeriac worker (prefork x2) drains ``--rss-n`` queued no-op tasks from the same
 server; the main process's and each child's resident memory are sampled every
@@ -15,8 +17,9 @@ server; the main process's and each child's resident memory are sampled every
 it held once the first tenth (at most 100,000) was drained: imports, caches and buffers
 are warm by then.
 
-    .venv/bin/python bench/memory.py --n 1000000 --rss-n 1000000   # the full check
-    .venv/bin/python bench/run.py ...                               # a short form
+    .venv/bin/python bench/memory.py --n 1000000 --rss-n 1000000 --layouts celeriac,kombu
+    .venv/bin/python bench/memory.py --n 200000 --rss-n 0 --layouts celery
+    .venv/bin/python bench/run.py ...   # a short form: --memory-n 50000 (0 skips it)
 """
 
 from __future__ import annotations
@@ -29,13 +32,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 import tasks as bench_tasks
-from harness import HERE, BenchError, WorkerProcess, console, stop_process
+from harness import (
+    HERE,
+    BenchError,
+    WorkerProcess,
+    console,
+    stop_process,
+    terminate_as_interrupt,
+)
 from measuring import process_tree, rss_mib
 
+SENDERS = 2
+"""Celery's sender processes (``celery_bytes``)."""
 SAMPLE_SECONDS = 2.0
 GROWTH_MIB = 5.0
 """Largest growth of one process after the warm-up that still counts as flat."""
@@ -105,38 +119,57 @@ def celeriac_bytes(server: RedisServer, n: int, query: str = "") -> float:
         app.close()
 
 
-def celery_bytes(server: RedisServer, n: int, timeout: float) -> float | None:
+def celery_bytes(server: RedisServer, n: int, timeout: float, senders: int = SENDERS
+                 ) -> float | None:
+    """Celery's figure: ``senders`` processes (Celery's ``send_task`` is a round trip
+    and about a millisecond of Python each) share the ``n``, all warm before the count."""
     if not CELERY_PYTHON.exists():
         return None
     server.client.flushall()
-    proc = subprocess.Popen([str(CELERY_PYTHON), "-c", CELERY_SENDER, server.url(), str(n)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdin is not None and proc.stdout is not None
+    shares = [n // senders + (i < n % senders) for i in range(senders)]
+    procs = [subprocess.Popen([str(CELERY_PYTHON), "-c", CELERY_SENDER, server.url(),
+                               str(share)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for share in shares]
     try:
-        if proc.stdout.readline().strip() != "warm":
-            raise BenchError("memory: Celery's sender did not start")
+        for proc in procs:
+            if _line(proc) != "warm":
+                raise BenchError("memory: Celery's sender did not start")
         before = server.used()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        if not proc.stdout.readline().startswith("sent"):
-            raise BenchError("memory: Celery's sender failed")
+        for proc in procs:
+            _say(proc, "go")
+        for proc in procs:
+            if not _line(proc).startswith("sent"):
+                raise BenchError("memory: Celery's sender failed")
         after = server.used()
-        proc.stdin.write("quit\n")
-        proc.stdin.flush()
-        proc.wait(timeout)
+        for proc in procs:
+            _say(proc, "quit")
+            proc.wait(timeout)
         return (after - before) / n
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
-def bytes_per_message(server: RedisServer, n: int, timeout: float) -> dict[str, float | None]:
-    return {
-        "celeriac": celeriac_bytes(server, n),
-        "celeriac ?layout=kombu": celeriac_bytes(server, n, "?layout=kombu"),
-        "Celery 5": celery_bytes(server, n, timeout),
-    }
+def _line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def _say(proc: subprocess.Popen[str], text: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(text + "\n")
+    proc.stdin.flush()
+
+
+LAYOUTS = {
+    "celeriac": ("celeriac", lambda server, n, timeout: celeriac_bytes(server, n)),
+    "kombu": ("celeriac ?layout=kombu",
+              lambda server, n, timeout: celeriac_bytes(server, n, "?layout=kombu")),
+    "celery": ("Celery 5", celery_bytes),
+}
+"""``--layouts`` -> (the name printed, its measurement)."""
 
 
 def drain_rss(server: RedisServer, n: int, workdir: Path, timeout: float
@@ -194,28 +227,39 @@ def rss_verdict(samples: list[tuple[int, float, dict[int, float]]], n: int) -> s
             f"(< {GROWTH_MIB:g}: {flat})")
 
 
-def measure(n: int, rss_n: int, timeout: float, root: Path | None = None) -> list[str]:
-    """The report's lines: bytes per message for each layout, then the RSS check (none
-    when both counts are 0)."""
+def measure(n: int, rss_n: int, timeout: float, root: Path | None = None,
+            layouts: Sequence[str] = tuple(LAYOUTS), show: Callable[[str], Any] | None = None
+            ) -> list[str]:
+    """The report's lines: bytes per message for each of ``layouts`` (Celery's first, so
+    the others show their ratio to it), then the RSS check; none when both counts are 0.
+    ``show`` is given each line as soon as it is measured."""
     if n <= 0 and rss_n <= 0:
         return []
+    lines: list[str] = []
+
+    def add(line: str) -> None:
+        lines.append(line)
+        if show is not None:
+            show(line)
+
     with contextlib.ExitStack() as stack:
         workdir = root or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         workdir = workdir / "memory"
         workdir.mkdir(exist_ok=True)
         server = RedisServer(workdir)
         stack.callback(server.close)
-        sizes = bytes_per_message(server, n, timeout) if n else {}
-        lines = []
-        celery = sizes.get("Celery 5")
-        for name, value in sizes.items():
+        celery: float | None = None
+        for key in sorted(layouts, key=lambda k: k != "celery") if n > 0 else ():
+            name, how = LAYOUTS[key]
+            value = how(server, n, timeout)
+            celery = value if key == "celery" else celery
             ratio = f" ({value / celery:.2f}x Celery's)" if value and celery else ""
             shown = "not measured (no bench/.venv-celery)" if value is None else \
                 f"{value:,.0f} bytes a message{ratio}"
-            lines.append(f"broker memory, {n:,} queued no-argument tasks, {name}: {shown}")
-        if rss_n:
-            lines.append(rss_verdict(drain_rss(server, rss_n, workdir, timeout), rss_n))
-        return lines
+            add(f"broker memory, {n:,} queued no-argument tasks, {name}: {shown}")
+        if rss_n > 0:
+            add(rss_verdict(drain_rss(server, rss_n, workdir, timeout), rss_n))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,13 +269,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks queued per layout for bytes per message (0 skips)")
     parser.add_argument("--rss-n", type=int, default=200_000,
                         help="tasks the worker drains for the RSS check (0 skips)")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                        help=f"comma-separated, from: {', '.join(LAYOUTS)} (default: all)")
     parser.add_argument("--timeout", type=float, default=120.0)
     opts = parser.parse_args(argv)
-    if opts.n < 0 or opts.rss_n < 0:
-        parser.error("--n and --rss-n must be >= 0")
+    layouts = [x.strip() for x in opts.layouts.split(",") if x.strip()]
+    if opts.n < 0 or opts.rss_n < 0 or not set(layouts) <= set(LAYOUTS):
+        parser.error(f"--n and --rss-n must be >= 0, --layouts from {', '.join(LAYOUTS)}")
     try:
-        for line in measure(opts.n, opts.rss_n, opts.timeout):
-            console.print(line)
+        with terminate_as_interrupt():
+            measure(opts.n, opts.rss_n, opts.timeout, layouts=layouts, show=console.print)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; the worker and the servers stopped[/]")
+        return 130
     except BenchError as exc:
         console.print(f"[red]{exc}[/]")
         return 1

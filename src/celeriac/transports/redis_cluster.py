@@ -101,7 +101,7 @@ class RedisClusterTransport(RedisTransport):
             m = item.message
             by_queue.setdefault(item.queue, []).extend(
                 [item.queue, 9 - min(max(m.priority, 0), 9), _delay_ms(item.delay),
-                 m.envelope(), m.body])
+                 *self._stored(m)])
         for queue, args in by_queue.items():
             self.cluster.run("publish", self._tag(queue), [len(args) // 5, *args],
                              durable=True)
