@@ -549,11 +549,15 @@ def test_expired_lease_returns_messages_through_another_heartbeat(
 def test_live_consumer_keeps_its_messages_past_the_lease(transport: TransportFactory) -> None:
     transport().publish(Q, message(1))
 
+    # Three times the usual lease: "busy" must renew within it, and one turn of the loop
+    # below (two renewals and a short fetch) took longer than 0.3 s on a loaded machine.
+    lease = 3 * LEASE
+
     async def scenario() -> None:
-        busy = await consumer(transport, "busy", worker_lease_timeout=LEASE)
-        other = await consumer(transport, "other", worker_lease_timeout=LEASE)
+        busy = await consumer(transport, "busy", worker_lease_timeout=lease)
+        other = await consumer(transport, "other", worker_lease_timeout=lease)
         [d] = await busy.fetch([Q], 1, 1.0)
-        end = time.monotonic() + 2.5 * LEASE
+        end = time.monotonic() + 2.5 * lease
         while time.monotonic() < end:  # a long task: "busy" heartbeats, "other" polls
             await busy.renew_lease()
             assert await other.renew_lease() == 0

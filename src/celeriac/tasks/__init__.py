@@ -10,7 +10,7 @@ import traceback as tb
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from .. import states
 from ..backends.base import ResultMeta
@@ -33,7 +33,13 @@ from ..runtime.request import short_repr as short_repr
 from ..runtime.state import get_current_app
 from ..signals import ExceptionInfo
 from . import django_commit as _django_commit
-from .arguments import argument_checker, pydantic_wrapper
+from .arguments import (
+    STANDARD_HEADERS,
+    argument_checker,
+    eager_call,
+    listed,
+    pydantic_wrapper,
+)
 from .options import DEFAULT as DEFAULT
 from .options import TaskOptions as TaskOptions
 from .options import class_based
@@ -284,7 +290,7 @@ class Task(Generic[P, R]):
         ``add.delay_many([(1, 2), (3, 4)])``; options as ``app.send_many``.
         """
         if self.app.settings.task_always_eager:
-            return [self.apply(*_eager_call(c)) for c in calls]
+            return [self.apply(*eager_call(c)) for c in calls]
         o = self.options
         options.setdefault("queue", o.queue)
         options.setdefault("priority", o.priority)
@@ -423,7 +429,7 @@ class Task(Generic[P, R]):
         result = self._apply(args, kwargs, task_id, throw, link_error)
         if link is not None and result.successful():
             value = result.get()
-            for callback in _listed(link):
+            for callback in listed(link):
                 maybe_signature(callback, self.app).apply((value,))
         return result
 
@@ -472,7 +478,7 @@ class Task(Generic[P, R]):
 
     def _eager_errbacks(self, request: Request, exc: BaseException, traceback: str | None,
                         errbacks: Any) -> None:
-        for errback in _listed(errbacks):
+        for errback in listed(errbacks):
             sig = maybe_signature(errback, self.app)
             try:
                 task = self.app.tasks.get(sig.task)
@@ -533,9 +539,9 @@ class Task(Generic[P, R]):
             raise ConfigurationError("Cannot replace with an empty chain")
         steps = [self._accumulated(s) for s in (sig.tasks if isinstance(sig, chain)
                                                   else [sig])]
-        links = [*_listed(sig.options.pop("link", None)), *(request.callbacks or ())] \
+        links = [*listed(sig.options.pop("link", None)), *(request.callbacks or ())] \
             if isinstance(sig, chain) else list(request.callbacks or ())
-        errbacks = [*_listed(sig.options.pop("link_error", None)),
+        errbacks = [*listed(sig.options.pop("link_error", None)),
                     *(request.errbacks or ())] if isinstance(sig, chain) \
             else list(request.errbacks or ())
         # The task that ends the replacement stands for this one: its id, its callbacks,
@@ -651,7 +657,7 @@ class Task(Generic[P, R]):
         headers = request.headers
         # The call's own headers, its stamps among them, go again (Celery's
         # ``signature_from_request``); the retry's own over them.
-        custom = {k: v for k, v in headers.items() if k not in _STANDARD_HEADERS}
+        custom = {k: v for k, v in headers.items() if k not in STANDARD_HEADERS}
         custom.update(options.pop("headers", None) or {})
         embed = {"callbacks": request.callbacks, "errbacks": request.errbacks,
                  "chain": request.chain, "chord": request.chord}
@@ -683,23 +689,3 @@ class Task(Generic[P, R]):
 
     def should_autoretry(self, exc: BaseException) -> bool:
         return bool(self.options.autoretry_for) and isinstance(exc, self.options.autoretry_for)
-
-
-_STANDARD_HEADERS: Final = frozenset({
-    "lang", "task", "id", "shadow", "eta", "expires", "group", "group_index", "retries",
-    "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr", "origin",
-    "ignore_result", "compression"})
-"""Protocol v2's headers (and the compression's): what ``retry`` makes anew; the others
-are the call's custom headers, which it keeps (Celery's)."""
-
-
-def _listed(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _eager_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:
-    if isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], Mapping):
-        return call[0], call[1]
-    return call, None

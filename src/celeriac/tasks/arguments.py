@@ -1,5 +1,6 @@
 """A task's arguments checked where it is sent (Celery's ``typing=True``) and converted
-to pydantic models where it runs (``pydantic=True``)."""
+to pydantic models where it runs (``pydantic=True``); how a call's links, eager calls and
+protocol headers are read."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import importlib
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from ..errors import ConfigurationError
 
@@ -97,3 +98,23 @@ def _optional_arg(annotation: Any) -> Any:
     if len(members) != 2 or type(None) not in members:
         return None
     return next(m for m in members if m is not type(None))
+
+
+STANDARD_HEADERS: Final = frozenset({
+    "lang", "task", "id", "shadow", "eta", "expires", "group", "group_index", "retries",
+    "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr", "origin",
+    "ignore_result", "compression"})
+"""Protocol v2's headers (and the compression's): what ``retry`` makes anew; the others
+are the call's custom headers, which it keeps (Celery's)."""
+
+
+def listed(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def eager_call(call: Any) -> tuple[Sequence[Any], Mapping[str, Any] | None]:
+    if isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], Mapping):
+        return call[0], call[1]
+    return call, None
