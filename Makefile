@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(SERIAL_TESTS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples scripts
