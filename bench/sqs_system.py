@@ -1,6 +1,6 @@
 """celeriac on Amazon SQS, as ``make bench`` can run it: moto's server on a free loopback
-port (with the two fixes ``tests/services.py`` gives it: a plain clock, and receives
-under the queue's lock), a worker subprocess, results in the bench's Redis database.
+port (with the two fixes of ``scripts/moto_sqs.py``: a plain clock, and receives under
+the queue's lock), a worker subprocess, results in the bench's Redis database.
 
 moto is a Python imitation of SQS in one process: its figure says what celeriac's SQS
 transport costs on top of a slow broker, not what SQS itself does (each real SQS call
@@ -25,20 +25,8 @@ from harness import (
     require_redis,
 )
 
-MOTO_MAIN = """
-import functools, sys, time
-import moto.sqs.models as models
-models.unix_time = lambda dt=None: time.time()
-models.unix_time_millis = lambda dt=None: time.time() * 1000.0
-receive = models.SQSBackend.receive_message
-@functools.wraps(receive)
-def locked(self, queue_name, *args, **kwargs):
-    with self.get_queue(queue_name)._messages_lock:
-        return receive(self, queue_name, *args, **kwargs)
-models.SQSBackend.receive_message = locked
-from moto.server import main
-main(sys.argv[1:])
-"""
+MOTO_MAIN = Path(__file__).resolve().parents[1] / "scripts" / "moto_sqs.py"
+"""moto's server with the test suite's two fixes."""
 
 
 class CeleriacSQS(CeleriacProcess):
@@ -58,7 +46,7 @@ class CeleriacSQS(CeleriacProcess):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.moto = subprocess.Popen([sys.executable, "-c", MOTO_MAIN, "-H", "127.0.0.1",
+        self.moto = subprocess.Popen([sys.executable, str(MOTO_MAIN), "-H", "127.0.0.1",
                                       "-p", str(port)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30

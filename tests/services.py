@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -48,26 +49,8 @@ def require(name: str) -> str:
 
 
 _MOTO: list[tuple[object, str]] = []
-# Two fixes to moto's SQS server, for the tests only. It reads the clock through
-# datetime objects for every message of a queue on every call (22 us each): a queue of
-# 500 took seconds a call; the plain clock instead. And its receive checks and marks a
-# message visible-then-received without a lock, so two server threads could hand one
-# message to two consumers at once: each receive runs under its queue's lock (which
-# its long poll's wait releases, so a waiting poll blocks nobody).
-_MOTO_MAIN = """
-import functools, sys, time
-import moto.sqs.models as models
-models.unix_time = lambda dt=None: time.time()
-models.unix_time_millis = lambda dt=None: time.time() * 1000.0
-receive = models.SQSBackend.receive_message
-@functools.wraps(receive)
-def locked(self, queue_name, *args, **kwargs):
-    with self.get_queue(queue_name)._messages_lock:
-        return receive(self, queue_name, *args, **kwargs)
-models.SQSBackend.receive_message = locked
-from moto.server import main
-main(sys.argv[1:])
-"""
+# moto's SQS server, with the two fixes scripts/moto_sqs.py gives it (tests only).
+_MOTO_MAIN = Path(__file__).resolve().parents[1] / "scripts" / "moto_sqs.py"
 
 
 def moto_endpoint() -> str:
@@ -88,7 +71,7 @@ def moto_endpoint() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", _MOTO_MAIN, "-H", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, str(_MOTO_MAIN), "-H", "127.0.0.1",
                              "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
