@@ -2,10 +2,12 @@
 the same names, in a celeriac app. Configured from the environment: ``COMPAT_BROKER``,
 ``COMPAT_BACKEND`` (celeriac's compatibility URLs: ``?layout=kombu``, ``?layout=celery``,
 ``db+postgresql://``), ``COMPAT_KEYPREFIX`` (kombu's and Celery's ``global_keyprefix``),
-``COMPAT_TASK_COMPRESSION``, ``COMPAT_RESULT_COMPRESSION``."""
+``COMPAT_TASK_COMPRESSION``, ``COMPAT_RESULT_COMPRESSION``, ``COMPAT_QUEUES``
+(``task_queues`` as kombu objects, as ``celery_proj.queues_from_env`` makes them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -14,13 +16,29 @@ from celeriac import Celeriac
 
 _PREFIX = {"global_keyprefix": os.environ["COMPAT_KEYPREFIX"]} \
     if os.environ.get("COMPAT_KEYPREFIX") else {}
+
+
+def queues_from_env() -> list[Any]:
+    """``task_queues`` from ``COMPAT_QUEUES``: ``["broadcast", name]`` (kombu's
+    ``Broadcast``), ``["topic", queue, exchange, binding pattern]``; none without it."""
+    if not os.environ.get("COMPAT_QUEUES"):
+        return []
+    from kombu import Exchange, Queue
+    from kombu.common import Broadcast
+
+    return [Broadcast(spec[1]) if spec[0] == "broadcast"
+            else Queue(spec[1], Exchange(spec[2], type="topic"), routing_key=spec[3])
+            for spec in json.loads(os.environ["COMPAT_QUEUES"])]
+
+
 app = Celeriac("compat", broker=os.environ["COMPAT_BROKER"],
                backend=os.environ["COMPAT_BACKEND"],
                result_extended=os.environ.get("COMPAT_EXTENDED") == "1",
                worker_prefetch_multiplier=int(os.environ.get("COMPAT_PREFETCH", "4")),
                broker_transport_options=_PREFIX, result_backend_transport_options=_PREFIX,
                task_compression=os.environ.get("COMPAT_TASK_COMPRESSION") or None,
-               result_compression=os.environ.get("COMPAT_RESULT_COMPRESSION") or None)
+               result_compression=os.environ.get("COMPAT_RESULT_COMPRESSION") or None,
+               task_queues=queues_from_env() or None)
 
 
 @app.task(name="compat.add")
@@ -77,3 +95,13 @@ def count_total(values: list[int], key: str) -> int:
 
     redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).incr(key)
     return sum(values)
+
+
+@app.task(name="compat.mark")
+def mark(key: str) -> str:
+    """Appends "celeriac" to the Redis list ``key`` (``COMPAT_COUNTER`` names the DB):
+    which fleets ran a task, and how often."""
+    import redis
+
+    redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).rpush(key, "celeriac")
+    return "celeriac"

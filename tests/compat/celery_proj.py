@@ -5,8 +5,10 @@ fleet runs what the other sends; ``compat.who`` tells which one ran a task.
 
 Configured from the environment: ``COMPAT_BROKER``, ``COMPAT_BACKEND``,
 ``COMPAT_KEYPREFIX`` (``global_keyprefix`` of the broker and the result backend),
-``COMPAT_TASK_COMPRESSION``, ``COMPAT_RESULT_COMPRESSION``."""
+``COMPAT_TASK_COMPRESSION``, ``COMPAT_RESULT_COMPRESSION``, ``COMPAT_QUEUES``
+(``task_queues``, ``queues_from_env`` below)."""
 
+import json
 import os
 import time
 
@@ -26,6 +28,21 @@ app.conf.update(
     task_compression=os.environ.get("COMPAT_TASK_COMPRESSION") or None,
     result_compression=os.environ.get("COMPAT_RESULT_COMPRESSION") or None,
 )
+
+
+def queues_from_env():
+    """``task_queues`` from ``COMPAT_QUEUES``, a JSON list of ``["broadcast", name]``
+    (kombu's ``Broadcast``) and ``["topic", queue, exchange, binding pattern]``."""
+    from kombu import Exchange, Queue
+    from kombu.common import Broadcast
+
+    return [Broadcast(spec[1]) if spec[0] == "broadcast"
+            else Queue(spec[1], Exchange(spec[2], type="topic"), routing_key=spec[3])
+            for spec in json.loads(os.environ["COMPAT_QUEUES"])]
+
+
+if os.environ.get("COMPAT_QUEUES"):
+    app.conf.task_queues = queues_from_env()
 
 
 @app.task(name="compat.add")
@@ -82,3 +99,13 @@ def count_total(values, key):
 
     redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).incr(key)
     return sum(values)
+
+
+@app.task(name="compat.mark")
+def mark(key):
+    """Appends "celery" to the Redis list ``key`` (``COMPAT_COUNTER`` names the DB): which
+    fleets ran a task, and how often."""
+    import redis
+
+    redis.Redis.from_url(os.environ["COMPAT_COUNTER"]).rpush(key, "celery")
+    return "celery"

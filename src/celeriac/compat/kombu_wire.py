@@ -43,6 +43,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -152,6 +153,44 @@ def queue_of(key: str) -> str:
 def binding_member(queue: str) -> str:
     """Celery's binding of a queue it creates: exchange and routing key named after it."""
     return SEP.join([queue, "", queue])
+
+
+_TOPIC_WILDCARDS = {"*": r"[^\.]+", "#": r".*?"}
+
+
+def topic_member(queue: str, pattern: str) -> str:
+    """kombu's binding of ``queue`` to a topic exchange by ``pattern``: the pattern, the
+    regular expression kombu's producers match routing keys with (kombu 5.7's
+    ``TopicExchange.key_to_pattern``, byte for byte), and the queue."""
+    return SEP.join([pattern, topic_regex(pattern), queue])
+
+
+def topic_regex(pattern: str) -> str:
+    """kombu's regular expression for a topic binding pattern: ``*`` one word, ``#``
+    any text, so ``a.#`` needs the dot (RabbitMQ's ``#`` also matches no word)."""
+    escaped = "".join(c if c.isalnum() or c in ".#*" else "\\000" if c == "\000" else
+                      "\\" + c for c in pattern)
+    return "^" + r"\.".join(_TOPIC_WILDCARDS.get(w, w) for w in escaped.split(".")) + "$"
+
+
+def bound_queue(members: Sequence[Sequence[str]], routing_key: str) -> str | None:
+    """The queue a restored message of an exchange goes back to, from the exchange's
+    binding members ``(routing key, pattern, queue)``: the one bound by its routing key
+    (direct), else the first by name whose topic pattern matches it. kombu copies it
+    into every matching queue; one copy runs it once (on a queue of that pattern)."""
+    direct = sorted(m[2] for m in members if len(m) == 3 and m[0] == routing_key)
+    if direct:
+        return direct[0]
+    topic = sorted(m[2] for m in members if len(m) == 3 and m[1] and
+                   _regex_matches(m[1], routing_key))
+    return topic[0] if topic else None
+
+
+def _regex_matches(pattern: str, routing_key: str) -> bool:
+    try:
+        return re.match(pattern, routing_key) is not None
+    except re.error:
+        return False
 
 
 def envelope(queue: str, message: Message) -> bytes:

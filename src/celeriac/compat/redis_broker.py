@@ -46,7 +46,8 @@ import orjson
 from ..clients.redis import Connector
 from ..errors import ConfigurationError
 from ..protocol import Delivery, new_id, utcnow
-from ..transports.base import DeadLetter, Outgoing, Subscription, Transport
+from ..settings.routing import Routing
+from ..transports.base import DeadLetter, Outgoing, Subscription
 from ..transports.redis import RedisTransport
 from . import kombu_wire as kw
 from .channels import CeleryChannels
@@ -95,7 +96,10 @@ class KombuRedisTransport(RedisTransport):
     fanout = False  # kombu's Redis fanout is pub/sub (lossy): no Broadcast queues here
 
     async def bind_fanout(self, group: str, queue: str) -> None:
-        await Transport.bind_fanout(self, group, queue)
+        raise ConfigurationError(
+            f"queue {group!r} is a Broadcast (fanout) queue, which kombu's Redis layout "
+            "cannot carry: Celery's Broadcast on Redis is pub/sub, lost by every worker "
+            "not listening at that moment; beside Celery, use RabbitMQ for Broadcast")
 
     def __init__(self, url: str, settings: Settings) -> None:
         # Not RedisTransport's: no namespace, and our own URL parameters.
@@ -126,7 +130,14 @@ class KombuRedisTransport(RedisTransport):
         self.conn = Connector(plain, settings, "broker",
                               read_timeout=settings.broker_connection_timeout)
         self._pubsub_denied = False
+        self._sleeper_lane = None  # RedisTransport's idle lane: never opened here
         self._bound: set[str] = set()
+        self._topics = {q.name: (q.exchange, q.routing_key)
+                        for q in Routing(settings).declared if q.kind == "topic"}
+        """Topic queues of task_queues -> (exchange, pattern): bound in kombu's binding
+        set where consumed, so a Celery producer's topic lookup finds them (celeriac's
+        own producers route by the pattern themselves)."""
+        self._topics_bound: set[str] = set()
         self._holding: dict[str, KombuHeld] = {}
         self._poll = _POLL_MIN
         self.channels = CeleryChannels(RedisExchanges(self.conn, database(plain[0]),
@@ -212,6 +223,8 @@ class KombuRedisTransport(RedisTransport):
         names = list(dict.fromkeys(queues))
         if limit <= 0 or not names:
             return []
+        if self._topics and not self._topics_bound.issuperset(names):
+            await self._bind_topics(names)
         k = self.keys
         args: list[Any] = [k.unacked, k.unacked_index, k.delayed, k.delayed_msgs, limit,
                            repr(time.time()), k.seq]
@@ -229,6 +242,24 @@ class KombuRedisTransport(RedisTransport):
         if out:
             self._poll = _POLL_MIN
         return out
+
+    async def _bind_topics(self, queues: Sequence[str]) -> None:
+        # As kombu's queue_bind: the member in the exchange's table, and in its
+        # permanent twin, which keeps kombu 5.7's sweep off the table.
+        new = [q for q in queues if q in self._topics and q not in self._topics_bound]
+
+        async def bind(client: aredis.Redis, ns: str) -> None:
+            async with client.pipeline(transaction=False) as pipe:
+                for queue in new:
+                    exchange, pattern = self._topics[queue]
+                    member = kw.topic_member(queue, pattern)
+                    pipe.sadd(self.keys.binding(exchange), member)
+                    pipe.sadd(self.keys.binding_permanent(exchange), member)
+                await pipe.execute()
+
+        if new:
+            await self.conn.acall(bind)
+        self._topics_bound.update(queues)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         tags = [d.tag.tag for d in deliveries]
@@ -330,7 +361,8 @@ class KombuRedisTransport(RedisTransport):
 
     async def _target(self, client: aredis.Redis, value: bytes) -> tuple[str, bytes] | None:
         """Where kombu's ``_lookup`` sends a restored ``[envelope, exchange, routing
-        key]``: the routing key's queue (anonymous exchange), or the queues bound to it."""
+        key]``: the routing key's queue (anonymous exchange, as our fetch records), or
+        the queue bound to it (``kw.bound_queue``)."""
         try:
             env, exchange, routing_key = orjson.loads(value)
             raw = orjson.dumps(env)
@@ -341,11 +373,9 @@ class KombuRedisTransport(RedisTransport):
             return None
         queue = routing_key
         if exchange:
-            for member in await client.smembers(self.keys.binding(exchange)):
-                rkey, _, bound = _text(member).split(kw.SEP)
-                if rkey == routing_key:
-                    queue = bound
-                    break
+            members = [_text(m).split(kw.SEP)
+                       for m in await client.smembers(self.keys.binding(exchange))]
+            queue = kw.bound_queue(members, routing_key) or routing_key
         return self.keys.list_key(queue, priority), raw
 
     async def disconnect(self) -> None:

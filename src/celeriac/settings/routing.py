@@ -284,6 +284,8 @@ class Routing:
         for q in self.declared:
             if q.kind == "topic":
                 self.topics.setdefault(q.exchange, []).append(q)
+        self.topic_of = {q.name: q.exchange for q in self.declared if q.kind == "topic"}
+        """topic queue -> its exchange: ``queue=`` with a ``routing_key`` routes through it."""
         self.default_topic = default_exchange if default_exchange in self.topics else None
         """``task_default_exchange`` when it is a topic exchange: a bare ``routing_key``
         goes through it, as on RabbitMQ."""
@@ -308,9 +310,13 @@ class Routing:
     def resolve(self, queue: str | None, exchange: Any, routing_key: str | None
                 ) -> str | None:
         """Where a send with these options goes: a fanout group or a topic exchange's
-        matching queues as a ``Route``, else the named queue, else the queue bound by
-        ``routing_key`` (None: no option says)."""
+        matching queues as a ``Route`` (``queue`` a topic queue with a ``routing_key``:
+        its exchange's, as Celery routes it), else the named queue, else the queue bound
+        by ``routing_key`` (None: no option says)."""
         name = getattr(exchange, "name", exchange) or None
+        if queue in self.topic_of and routing_key and name in (None, self.topic_of[queue]):
+            # Celery's: a topic queue gives the exchange, the routing key the queues.
+            name, queue = self.topic_of[queue], None
         if name is None and routing_key and not queue:
             name = self.default_topic  # Celery sends through task_default_exchange
         if name in self.fanout:

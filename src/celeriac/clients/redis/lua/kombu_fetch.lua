@@ -19,18 +19,17 @@ for i = 8, #ARGV, 2 do
     local item = redis.call('RPOP', ARGV[i])
     if not item then break end
     local ok, msg = pcall(cjson.decode, item)
-    local tag, ex, rk
+    local tag
     if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
       tag = msg.properties.delivery_tag
-      local info = msg.properties.delivery_info
-      if type(info) == 'table' then ex, rk = info.exchange, info.routing_key end
     end
     if type(tag) ~= 'string' then
       tag = 'celeriac-untagged-' .. redis.call('INCR', ARGV[7])
     end
-    if type(ex) ~= 'string' then ex = '' end
-    if type(rk) ~= 'string' then rk = ARGV[i + 1] end
-    local entry = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
+    -- Restored through the anonymous exchange to the queue it was popped from: kombu
+    -- would look a topic message's exchange up again and copy it into every queue
+    -- whose pattern matches, running it again where it already ran.
+    local entry = '[' .. item .. ',"",' .. cjson.encode(ARGV[i + 1]) .. ']'
     redis.call('HSET', ARGV[1], tag, entry)
     redis.call('ZADD', ARGV[2], ARGV[6], tag)
     n = n + 1
