@@ -1,6 +1,7 @@
 """Signed task messages (``celeriac.serialization.signing``): Celery's ``auth``
 serializer with X.509 certificates, end to end through a real worker on Redis, which
 refuses an unsigned or tampered message (dead-lettered with the reason, one log line);
+compressed signed messages (solo and prefork pools), checked inside their compression;
 and the HMAC mode's key rotation. Interop with Celery: ``tests/compat/
 test_signing_interop.py``."""
 
@@ -17,7 +18,7 @@ import pytest
 from celeriac import Celeriac
 from celeriac.errors import ConfigurationError, SecurityError
 from celeriac.protocol import new_id
-from celeriac.serialization import dumps, signing
+from celeriac.serialization import compression, dumps, signing
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import test_signing_app
 from tests.integration.support import redis_env
@@ -83,10 +84,15 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def fleet(certs: Path, unsign: None) -> Iterator[tuple[Celeriac, WorkerProcess]]:
+def fleet(certs: Path, unsign: None, request: pytest.FixtureRequest
+          ) -> Iterator[tuple[Celeriac, WorkerProcess]]:
+    """A signing worker (its pool ``request.param``, solo unless a test says) and a
+    signing producer on a Redis namespace of their own."""
+    pool = getattr(request, "param", "solo")
     with redis_env("sg", SIGNING_DIR=certs) as env:
         env["SIGNING_DIR"] = str(certs)
-        worker = WorkerProcess("tests.integration.test_signing_app", "-P", "solo",
+        worker = WorkerProcess("tests.integration.test_signing_app", "-P", pool,
+                               *(["-c", "2"] if pool == "prefork" else []),
                                "--without-gossip", "--without-mingle", env=env)
         worker.start(30, wait_ready=False)
         app = Celeriac("signing_app", broker_url=env["CELERIAC_BROKER_URL"],
@@ -102,6 +108,16 @@ def fleet(certs: Path, unsign: None) -> Iterator[tuple[Celeriac, WorkerProcess]]
 
 def refused(worker: WorkerProcess, task_id: str) -> list[str]:
     return re.findall(rf"dead-lettered message {task_id} .*", worker.log)
+
+
+def dead_reasons(app: Celeriac, *task_ids: str) -> dict[str, str]:
+    """The dead letters' reasons by task id, once all of ``task_ids`` are among them (the
+    worker logs a refusal before its pump's next turn stores the dead letter)."""
+    def reasons() -> dict[str, str]:
+        return {d.message.headers["id"]: d.reason for d in app.transport.dead_letters()}
+
+    wait_until(lambda: set(task_ids) <= set(reasons()), 20, message="dead letters stored")
+    return reasons()
 
 
 @pytest.mark.slow
@@ -130,16 +146,52 @@ def test_a_signed_task_runs_and_unsigned_or_tampered_ones_are_dead_lettered(
     assert "signature check failed: bad signature" in refused(worker, bad_id)[0]
     with pytest.raises(Exception, match="unsigned message"):
         bare.get(timeout=10)
-    reasons = {d.message.headers["id"]: d.reason for d in app.transport.dead_letters()}
+    reasons = dead_reasons(app, bare.id, bad_id)
     assert "unsigned message" in reasons[bare.id]
     assert "bad signature" in reasons[bad_id]
     assert "succeeded" not in worker.log.split(bad_id, 1)[1]
 
 
-def _signed_message(app: Celeriac) -> Any:
-    """A message ``send_task`` would publish for ``add(40, 2)``, unpublished."""
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", ["solo", "prefork"], indirect=True)
+def test_compressed_signed_tasks_run_and_tampered_ones_are_dead_lettered(
+        fleet: tuple[Celeriac, WorkerProcess]) -> None:
+    """``task_compression`` with the auth serializer: the envelope is compressed after it
+    is signed (kombu's order), so the worker checks it inside the compression."""
+    app, worker = fleet
+    app.conf.task_compression = "gzip"
+    results = [app.send_task("signing_app.add", (i, 1)) for i in range(3)]
+    results.append(app.send_task("signing_app.add", (5, 5), compression="bzip2"))
+    assert [r.get(timeout=20) for r in results] == [1, 2, 3, 10]
+
+    message = _signed_message(app, "gzip")
+    kind = message.headers[compression.HEADER]
+    signed = signing.unpack(compression.decompress(message.body, kind, 1 << 20))
+    tampered = signing.pack(dataclasses.replace(signed, body=signed.body.replace(b"40", b"99")))
+    bad = dataclasses.replace(message, body=compression.compress(tampered, kind)[1])
+    corrupt = dataclasses.replace(_signed_message(app, "gzip"), body=b"\x00not zlib")
+    for each in (bad, corrupt):
+        app.transport.publish("celery", each)
+    bad_id, corrupt_id = bad.headers["id"], corrupt.headers["id"]
+    for task_id in (bad_id, corrupt_id):
+        wait_until(lambda t=task_id: refused(worker, t), 20, message=f"{task_id} refused")
+        assert len(refused(worker, task_id)) == 1
+    assert "signature check failed: bad signature" in refused(worker, bad_id)[0]
+    assert "cannot decompress its signed body: corrupt" in refused(worker, corrupt_id)[0]
+    reasons = dead_reasons(app, bad_id, corrupt_id)
+    assert "bad signature" in reasons[bad_id]
+    assert "corrupt application/x-gzip data" in reasons[corrupt_id]
+    with pytest.raises(SecurityError, match="bad signature"):
+        app.AsyncResult(bad_id).get(timeout=10)
+    assert "succeeded" not in worker.log.split(bad_id, 1)[1]
+
+
+def _signed_message(app: Celeriac, packed: str | None = None) -> Any:
+    """A message ``send_task`` would publish for ``add(40, 2)`` (compressed with
+    ``packed``), unpublished."""
     from celeriac.producer import SendOptions, builder
 
-    options = SendOptions.from_mapping("send_task", {"task_id": new_id()})
+    options = SendOptions.from_mapping("send_task", {"task_id": new_id(),
+                                                     "compression": packed})
     message, _, _ = builder.build(app, "signing_app.add", (40, 2), None, options)
     return message

@@ -21,6 +21,20 @@ verifies, so two keys are valid through a rotation. Celery cannot read these.
 ``setup_security`` registers the serializer as ``auth`` in this process (as Celery's
 does in kombu's registry); the worker's admission checks each signed message with
 ``current().verify`` and refuses what fails (``worker/admission.py``).
+
+**Checked once.** A worker checks a task message's signature once, where it enters the
+main process (``checked_at_entry`` says when: the same for both, from the settings).
+What runs the task (a pool child, the solo or threads pool) opens the body with
+``open_admitted``, which does not check it again: a job reaches it only from the main
+process, which admitted its message (over the pool's pipe, trusted; the broker is not).
+Everywhere else (a result read, ``SecureSerializer.loads``) a signed body is checked.
+
+**Compressed.** With ``task_compression`` the signed envelope is compressed after it is
+signed (kombu's order: serialize, then compress; the ``compression`` header names it), so
+the entry check decompresses the body first (within ``max_message_size``) and verifies
+the envelope inside. What runs the task decompresses the same bytes again and opens them
+unchecked: decompression depends on the bytes and the header alone, so it gets the very
+envelope that was verified.
 """
 
 from __future__ import annotations
@@ -30,11 +44,11 @@ import glob
 import hashlib
 import hmac
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigurationError, SecurityError
+from ..errors import ConfigurationError, DecodeError, SecurityError
 from . import AUTH_UNSET, RAW, SERIALIZERS, Serializer, get_serializer, register
 
 CONTENT_TYPE = "application/data"
@@ -214,6 +228,28 @@ def _by_content_type(content_type: str) -> Callable[[bytes], Any]:
         if s.content_type == content_type and s.name != "auth":
             return s.loads
     raise SecurityError(f"signed body of unknown content type {content_type!r}")
+
+
+def checked_at_entry(accept_content: Sequence[str]) -> bool:
+    """Whether a worker with these settings takes signed task messages (``"auth"`` in
+    ``accept_content``), checking each signature where the message enters its main
+    process (``Admission``): then the process running the task opens the body with
+    ``open_admitted``."""
+    return "auth" in accept_content
+
+
+def open_admitted(data: bytes) -> Any:
+    """The payload of a signed task body the worker's main process verified where it
+    entered (``checked_at_entry``), decoded without checking the signature again: the
+    body came over the pool's pipe (or the solo and threads pools' queue), never from the
+    broker directly. ``DecodeError`` if it cannot be read."""
+    try:
+        signed = unpack(data)
+        return _by_content_type(signed.content_type)(signed.body)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode {CONTENT_TYPE} body: {exc}") from exc
 
 
 _current: SecureSerializer | None = None

@@ -5,10 +5,12 @@ its own use. The checks are the ones the worker's main process can make without 
 the body: every header it reads, by type and range (``protocol.validate_headers``), the
 content type and properties, the body's size against this worker's own
 ``max_message_size`` (a producer may have had a higher one), the content type against
-``accept_content``, and the task's name against the registry. A refused message goes to
-the dead-letter store with the reason; where it carries a usable id, its result becomes
-``FAILURE`` with an exception that says why, so a caller waiting in ``get()`` learns at
-once instead of at its timeout.
+``accept_content``, and the task's name against the registry. With signing on it also
+checks a signed body's signature, the one look inside a body (decompressed first when its
+``compression`` header says so: what was signed is the uncompressed envelope). A refused
+message goes to the dead-letter store with the reason; where it carries a usable id, its
+result becomes ``FAILURE`` with an exception that says why, so a caller waiting in
+``get()`` learns at once instead of at its timeout.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..errors import (
     SecurityError,
 )
 from ..protocol import Message, valid_id, validate_headers, validate_properties
-from ..serialization import accepted_content_types, signing
+from ..serialization import accepted_content_types, compression, signing
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -42,9 +44,10 @@ class Admission:
         self.tasks = app.tasks
         self.max_size = settings.max_message_size
         self.accept = accepted_content_types(settings.accept_content)
-        self.signed = signing.CONTENT_TYPE in self.accept and "auth" in settings.accept_content
+        self.signed = signing.checked_at_entry(settings.accept_content)
         """Signing is on (``accept_content=["auth"]``): a body's signature is checked here,
-        before the worker does anything with the message."""
+        before the worker does anything with the message, and only here (the process
+        running the task opens it unchecked: ``signing.open_admitted``)."""
 
     def check(self, message: Message) -> Refusal | None:
         """Why ``message`` may not run here, or None if it may."""
@@ -66,7 +69,7 @@ class Admission:
                       f"(accept_content: {sorted(self.accept)})")
             return Refusal(reason, ContentDisallowed(reason))
         if self.signed and message.content_type == signing.CONTENT_TYPE:
-            refusal = self._verify(message.body)
+            refusal = self._verify(message)
             if refusal is not None:
                 return refusal
         name = message.headers["task"]
@@ -74,8 +77,20 @@ class Admission:
             return Refusal(f"unknown task {name!r}", NotRegistered(name))
         return None
 
-
-    def _verify(self, body: bytes) -> Refusal | None:
+    def _verify(self, message: Message) -> Refusal | None:
+        body = message.body
+        packed = message.headers.get(compression.HEADER)
+        if packed is not None:
+            # The auth serializer signs the serialized body and kombu (or our producer)
+            # compresses the signed envelope after it, as the ``compression`` header
+            # says: the signature is over the decompressed bytes. Decompressed within
+            # max_message_size, as the child does (a small bomb must not blow up the
+            # main process); its name was checked with the headers above.
+            try:
+                body = compression.decompress(body, packed, self.max_size)
+            except DecodeError as exc:
+                reason = f"malformed message: cannot decompress its signed body: {exc}"
+                return Refusal(reason, DecodeError(reason))
         verifier = signing.current()
         try:
             if verifier is None:

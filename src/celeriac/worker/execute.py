@@ -25,7 +25,7 @@ from ..protocol import decode_body
 from ..result import AsyncResult, GroupResult
 from ..runtime.aio import run_sync
 from ..runtime.request import Request, short_repr
-from ..serialization import compression
+from ..serialization import compression, signing
 
 if TYPE_CHECKING:
     import asyncio
@@ -185,8 +185,19 @@ def _decode(app: Celeriac, task: Task[Any, Any], job: Job
         packed = headers.get(compression.HEADER)
         if packed is not None:  # its name was checked where the message came in
             body = compression.decompress(body, packed, app.settings.max_message_size)
-        args, kwargs, raw_embed = decode_body(serialization.loads(body, job.content_type,
-                                                                  accept))
+        if job.content_type == signing.CONTENT_TYPE and \
+                signing.checked_at_entry(app.settings.accept_content):
+            # Its signature was checked where it entered the main process (Admission):
+            # once is enough, and the costly part of a signed message. Over these very
+            # bytes, also when compressed: Admission decompressed the same body bytes
+            # under the same header and limit, and decompression is a function of them
+            # alone, so what is opened here is byte for byte what it verified. (The
+            # main process hands the job the broker's bytes as they were; nothing but it
+            # writes to the pool's pipe.)
+            payload = signing.open_admitted(body)
+        else:
+            payload = serialization.loads(body, job.content_type, accept)
+        args, kwargs, raw_embed = decode_body(payload)
         embed = raw_embed if raw_embed and _asks(raw_embed) else None
         if embed is not None:
             # A chord polled by celery.chord_unlock needs no size in its header tasks.
