@@ -113,18 +113,22 @@ FAIR_TARGET = 0.20
 
 
 def fair_cost(outcomes: list[Any]) -> None:
-    """The drain and the enqueue on a fair queue (``redis-fair``) beside the plain
-    queue's (``redis``), from this run: the median of run-by-run shares, as
-    ``report.events_cost`` (the runs are interleaved)."""
+    """The drain and the enqueue on a fair queue (``redis-fair``, ``sqlite-fair``) beside
+    the plain queue's (``redis``, ``sqlite``), from this run: the median of run-by-run
+    shares, as ``report.events_cost`` (the runs are interleaved)."""
     by_key = {o.system.key: o for o in outcomes if o.runs}
-    plain, fair = by_key.get("redis"), by_key.get("redis-fair")
-    if plain is None or fair is None:
-        return
+    for broker in ("redis", "sqlite"):
+        plain, fair = by_key.get(broker), by_key.get(f"{broker}-fair")
+        if plain is not None and fair is not None:
+            _fair_line(broker, plain, fair)
+
+
+def _fair_line(broker: str, plain: Any, fair: Any) -> None:
     pairs = list(zip(plain.runs, fair.runs, strict=False))
     drain = statistics.median(1 - b.drain / a.drain for a, b in pairs)
     enqueue = statistics.median(1 - b.enqueue / a.enqueue for a, b in pairs)
     verdict = "[green]yes[/]" if drain <= FAIR_TARGET else "[red]no[/]"
-    console.print(f"fair queue: drain {fair.median(lambda r: r.drain):,.0f}/s against "
+    console.print(f"fair queue ({broker}): drain {fair.median(lambda r: r.drain):,.0f}/s against "
                   f"{plain.median(lambda r: r.drain):,.0f}/s on a plain queue (medians), "
                   f"{drain:+.1%} slower run by run (target <= {FAIR_TARGET:.0%}: {verdict}); "
                   f"enqueue {enqueue:+.1%} slower")

@@ -85,6 +85,7 @@ SYSTEMS: dict[str, Callable[[], System]] = {
                 "-l", "warning")),
     "dramatiq-sleep": lambda: PeerSystem(PEERS["dramatiq"], sleep=True, label="2 procs x 8"),
     "sqlite": lambda: CeleriacProcess("sqlite", "sqlite"),
+    "sqlite-fair": lambda: CeleriacProcess("sqlite-fair", "sqlite", fair=True),
     "sqs": CeleriacSQS,
     "sqlite-prefork": lambda: CeleriacProcess("sqlite-prefork", "sqlite", "prefork", 2),
     "memory": CeleriacMemory,

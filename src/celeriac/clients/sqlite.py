@@ -64,9 +64,13 @@ class Database:
     """
 
     def __init__(self, path: str, schema: str, busy_timeout: float = 30.0,
-                 role: str | None = None) -> None:
+                 role: str | None = None,
+                 upgrade: Callable[[sqlite3.Connection], None] | None = None) -> None:
         self.path = path
         self.schema = schema
+        self.upgrade = upgrade
+        """Run after ``schema`` in its transaction: what plain SQL cannot say (a column
+        added to a file of an earlier layout)."""
         self.busy_timeout = busy_timeout
         self.role = role
         self.label = f"{role} database {path}" if role else f"SQLite database {path}"
@@ -89,6 +93,8 @@ class Database:
             conn.execute("PRAGMA synchronous=NORMAL")
             with self._transaction(conn, immediate=True):
                 _exec_script(conn, self.schema)
+                if self.upgrade is not None:
+                    self.upgrade(conn)
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()

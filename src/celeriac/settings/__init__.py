@@ -247,7 +247,7 @@ class Settings:
     worker_mingle_timeout: float = 1.0
     """Longest wait at startup for peers' revoked ids (``Mingle``)."""
     broker_fair_queues: tuple[str, ...] = ()
-    """Queues declared fair (Redis broker): their consumers take messages in turn
+    """Queues declared fair (Redis and SQLite brokers): their consumers take messages in turn
     across fair keys (``apply_async(fair_key="tenant-42")``; none: the key ``""``), so a
     key that sends 100,000 tasks cannot starve one that sends 10
     (docs/guide/flow-control.md)."""

@@ -4,16 +4,19 @@ Schema::
 
     messages      one row per message. owner IS NULL and eta IS NULL: ready;
                   eta set: delayed until eta (unix time); owner set: delivered to
-                  that consumer and not yet acked. deliveries counts hand-outs.
+                  that consumer and not yet acked. deliveries counts hand-outs; tag
+                  orders a fair queue's messages (NULL on a plain queue:
+                  ``sqlite_fair.py``).
     consumers     live consumers and when their lease runs out.
     dead_letters  messages refused by a worker, with the reason.
     broadcasts    fanout payloads (events, control), kept BROADCAST_TTL seconds; each
                   subscriber reads the rows past its cursor when the doorbell rings.
 
 A fetch is one write transaction: promote the due delayed messages, then claim up to
-``limit`` ready ones by setting ``owner``. Ownership is the lease: a consumer renews
-``consumers.expires`` on every lease renewal, and any consumer's renewal hands the messages
-of expired consumers back to their queues in one statement.
+``limit`` ready ones (by priority, tag, id: index ``messages_next``) by setting ``owner``.
+Ownership is the lease: a consumer renews ``consumers.expires`` on every lease renewal,
+and any consumer's renewal hands the messages of expired consumers back to their queues in
+one statement.
 
 Faults of the file are errors naming it (``_sqlite.Database.fault``): a read-only file
 fails ``ping`` (the worker's start) and a producer's publish with ``OperationalError``. A
@@ -35,6 +38,7 @@ from ..clients.sqlite import Database, Doorbell, Listener, path_from_url
 from ..errors import BrokerLost, DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import PRIVATE_PREFIX, DeadLetter, Outgoing, Subscription, Transport
+from .sqlite_fair import FAIR_HEADER, FAIR_SCHEMA, assign_tags, upgrade
 
 if TYPE_CHECKING:
     from ..backends.base import Stored
@@ -51,10 +55,9 @@ CREATE TABLE IF NOT EXISTS messages (
     owner TEXT,
     deliveries INTEGER NOT NULL DEFAULT 0,
     envelope BLOB NOT NULL,
-    body BLOB NOT NULL
+    body BLOB NOT NULL,
+    tag INTEGER
 );
-CREATE INDEX IF NOT EXISTS messages_ready ON messages (queue, priority DESC, id)
-    WHERE owner IS NULL AND eta IS NULL;
 CREATE INDEX IF NOT EXISTS messages_delayed ON messages (eta) WHERE eta IS NOT NULL;
 CREATE INDEX IF NOT EXISTS messages_owned ON messages (owner) WHERE owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS consumers (
@@ -75,8 +78,8 @@ CREATE TABLE IF NOT EXISTS broadcasts (
     channel TEXT NOT NULL,
     payload BLOB NOT NULL,
     sent REAL NOT NULL
-)
-"""
+);
+""" + FAIR_SCHEMA
 
 # Safety net only: every publish rings the doorbell, so an idle consumer wakes at once.
 _IDLE_RECHECK = 1.0
@@ -89,7 +92,7 @@ class SQLiteTransport(Transport):
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
         self.path = path_from_url(url)
-        self.db = Database(self.path, SCHEMA, role="broker")
+        self.db = Database(self.path, SCHEMA, role="broker", upgrade=upgrade)
         self.bell = Doorbell(self.path, "messages")
         self.broadcast_bell = Doorbell(self.path, "broadcast")
         self._listener: Listener | None = None
@@ -113,11 +116,21 @@ class SQLiteTransport(Transport):
             )
             for item in items
         ]
+        fair = self.settings.broker_fair_queues
         with self.db.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO messages (queue, priority, eta, envelope, body) VALUES (?,?,?,?,?)",
-                rows,
-            )
+            if fair and any(item.queue in fair for item in items):
+                # Tagged in this transaction: producers take the write lock in turn.
+                tags = assign_tags(conn, [
+                    (item.queue, item.message.headers.get(FAIR_HEADER) or "")
+                    if item.queue in fair else None for item in items])
+                conn.executemany(
+                    "INSERT INTO messages (queue, priority, eta, envelope, body, tag)"
+                    " VALUES (?,?,?,?,?,?)",
+                    [(*row, tag) for row, tag in zip(rows, tags, strict=True)])
+            else:
+                conn.executemany(
+                    "INSERT INTO messages (queue, priority, eta, envelope, body)"
+                    " VALUES (?,?,?,?,?)", rows)
         self.bell.ring()
 
     # -- consumer -----------------------------------------------------------------------
@@ -164,14 +177,15 @@ class SQLiteTransport(Transport):
             rows = conn.execute(
                 f"UPDATE messages SET owner = ?, deliveries = deliveries + 1 WHERE id IN ("
                 f" SELECT id FROM messages WHERE owner IS NULL AND eta IS NULL"
-                f" AND queue IN ({marks}) ORDER BY priority DESC, id LIMIT ?)"
-                f" RETURNING id, queue, priority, deliveries, envelope, body",
+                f" AND queue IN ({marks}) ORDER BY priority DESC, tag, id LIMIT ?)"
+                f" RETURNING id, queue, priority, tag, deliveries, envelope, body",
                 (self.consumer_id, *queues, limit),
             ).fetchall()
-        rows.sort(key=lambda r: (-r[2], r[0]))  # RETURNING order is unspecified
+        # RETURNING order is unspecified; NULL tags (plain queues) sort first, as in SQL.
+        rows.sort(key=lambda r: (-r[2], r[3] or 0, r[0]))
         return [
             Delivery(_message(envelope, body), queue, rid, deliveries)
-            for rid, queue, _prio, deliveries, envelope, body in rows
+            for rid, queue, _prio, _tag, deliveries, envelope, body in rows
         ], None
 
     async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Stored],
