@@ -13,7 +13,7 @@ from typing import Any
 import pika
 import pytest
 
-from celeriac import Celeriac
+from celeriac import Celeriac, chain, signature
 from tests.services import require
 
 pytestmark = pytest.mark.slow
@@ -80,3 +80,30 @@ def test_both_clients_at_once_each_read_their_own(app: Celeriac, fleet: Any) -> 
     theirs = fleet.celery.run(f"out = proj.add.apply_async((200, 2), "
                               f"queue={TO_CELERIAC!r}).get(timeout=20)")
     assert ours.get(timeout=20) == 101 and theirs == 202
+
+
+def test_a_celeriac_chain_across_both_workers_replies_to_its_caller(app: Celeriac,
+                                                                      fleet: Any) -> None:
+    """Each step names the caller's queue (``reply_to``, as Celery's frozen chains do):
+    a Celery worker sends the next step with it, not with a queue of its own."""
+    def who(queue: str, *args: str) -> Any:
+        return signature("compat.who", args, app=app).set(queue=queue)
+
+    starts_on_celery = chain(who(TO_CELERY, "a"), who(TO_CELERIAC), who(TO_CELERY),
+                             who(TO_CELERIAC)).apply_async()
+    ends_on_celery = chain(who(TO_CELERIAC, "b"), who(TO_CELERY)).apply_async()
+    assert starts_on_celery.get(timeout=30) == \
+        ["celeriac", ["celery", ["celeriac", ["celery", "a"]]]]
+    assert ends_on_celery.get(timeout=30) == ["celery", ["celeriac", "b"]]
+
+
+def test_a_celery_chain_across_both_workers_replies_to_its_caller(fleet: Any) -> None:
+    out = fleet.celery.run(
+        f"c = chain(proj.who.s('a').set(queue={TO_CELERIAC!r}), "
+        f"proj.who.s().set(queue={TO_CELERY!r}), proj.who.s().set(queue={TO_CELERIAC!r}))\n"
+        f"d = chain(proj.who.s('b').set(queue={TO_CELERY!r}), "
+        f"proj.who.s().set(queue={TO_CELERIAC!r}), proj.who.s().set(queue={TO_CELERY!r}))\n"
+        "rc, rd = c.apply_async(), d.apply_async()\n"
+        "out = [rc.get(timeout=30), rd.get(timeout=30)]")
+    assert out == [["celeriac", ["celery", ["celeriac", "a"]]],
+                   ["celery", ["celeriac", ["celery", "b"]]]]

@@ -12,9 +12,11 @@ the result's meta as the body (Celery's: ``status``, ``result``, ``traceback``,
 ``date_done``, ``children``, ``task_id``). Only the process that sent the task reads it,
 and results are not persistent: a result is read once, by its caller, from memory.
 
-A task sent from inside a task (a chain's next step, a callback) replies to the queue of
-the message that task came from, so a chain's result reaches the process that sent the
-chain, as Celery's frozen chains do.
+A chain's result reaches the process that sent the chain whichever workers run its
+steps: as Celery's ``freeze`` does, each step carries the caller's queue in its options
+(``reply_to``: ``canvas.signature.reply_queue``), and the worker that sends a step sends
+it with that queue, Celery's worker as ours. A task sent from inside a task without one
+(a callback) replies to the queue of the message that task came from (``reply_to``).
 
 Limits, Celery's: a result lives in the caller's memory only (another process cannot
 read it; ``GroupResult.save``/``restore`` and ``forget`` across processes do not exist),

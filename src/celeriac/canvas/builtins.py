@@ -1,5 +1,6 @@
 """Celery's built-in canvas tasks, ``celery.map``, ``celery.starmap`` and
-``celery.chord_unlock``, and the signatures that send the first two:
+``celery.chord_unlock`` (and ours, ``celeriac.unique_wait``: a unique workflow step's
+stand-in), and the signatures that send the first two:
 ``task.map(items)``, ``task.starmap(items)``, ``chunks(task, items, n)``.
 
 The tasks keep Celery's names so that the wire matches: a Celery client's
@@ -13,14 +14,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import states
-from ..errors import MaxRetriesExceededError
-from ..result import GroupResult, tuple_id
+from ..errors import Ignore, MaxRetriesExceededError
+from ..producer import flow as _flow
+from ..result import AsyncResult, GroupResult, tuple_id
 from . import followups
 from .signature import Signature, maybe_signature, signature
 from .workflows import chord, group
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..runtime.request import Request
     from ..runtime.state import SharedTask
     from ..tasks import Task
 
@@ -46,6 +49,8 @@ def register_builtins(app: Celeriac) -> None:
     app._register(_unlock_chord(app), {"name": "celery.chord_unlock", "bind": True,
                                        "max_retries": None, "ignore_result": True})
     app._register(_apply_chord(app), {"name": "celery.chord"})
+    app._register(_unique_wait(app), {"name": _flow.WAIT_TASK, "bind": True,
+                                      "max_retries": None})
 
 
 def _apply_chord(app: Celeriac) -> Callable[..., Any]:
@@ -107,6 +112,48 @@ def _unlock_chord(app: Celeriac) -> Callable[..., None]:
         followups.fire_body(app, callback, ids, metas, lineage)
 
     return unlock_chord
+
+
+def _unique_wait(app: Celeriac) -> Callable[..., Any]:
+    """The stand-in of a workflow step whose unique lock another job holds
+    (``producer/flow.py``, ``step``): it has the step's id and what follows the step,
+    waits for ``holder`` by retrying, then ends with its value or raises its exception;
+    if the holder is gone without a result, it sends the step itself (checked again)
+    and ends with ``Ignore`` (the step's own job stores its result)."""
+
+    def unique_wait(self: Task[Any, Any], holder: str, lock: str, task: str,
+                    args: list[Any], kwargs: dict[str, Any],
+                    headers: dict[str, Any] | None = None) -> Any:
+        request = self.request
+        where = _flow.awaited(app, holder, lock, request.id)
+        if where == "wait":
+            raise self.retry(countdown=app.settings.result_chord_retry_interval)
+        if where == "done":
+            return AsyncResult(holder, app).maybe_throw()
+        if where == "gone":
+            followups.send(app, _step(request, task, args, kwargs, headers), (),
+                           {"parent_id": request.parent_id,
+                            "root_id": request.root_id or request.id})
+        raise Ignore(f"step {request.id} sent as {task}")
+
+    return unique_wait
+
+
+def _step(request: Request, task: str, args: list[Any], kwargs: dict[str, Any],
+          headers: dict[str, Any] | None) -> dict[str, Any]:
+    """The step a stand-in stands for, as a signature dict with the stand-in's id,
+    place and what follows it."""
+    info = request.delivery_info
+    options = {"task_id": request.id, "queue": info.get("queue"),
+               "priority": info.get("priority"), "headers": headers,
+               "group_id": request.group, "group_index": request.group_index,
+               "time_limit": request.timelimit[0], "soft_time_limit": request.timelimit[1],
+               "expires": request.expires, "reply_to": request.properties.get("reply_to"),
+               "ignore_result": request.headers.get("ignore_result"),
+               "chain": request.chain, "link": request.callbacks,
+               "link_error": request.errbacks, "chord": request.chord}
+    return {"task": task, "args": args, "kwargs": kwargs, "immutable": True,
+            "options": {k: v for k, v in options.items() if v is not None}}
 
 
 def _member(task: Task[Any, Any] | SharedTask | Mapping[str, Any], app: Celeriac | None

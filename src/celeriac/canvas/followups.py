@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .. import states
 from ..errors import ChordError, DecodeError
 from ..producer import SendOptions, build
+from ..producer.flow import step
 from ..producer.publish import publish_one
 from ..protocol import new_id, parse_time
 from ..result import AsyncResult, GroupResult
@@ -356,9 +357,9 @@ def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
              ) -> tuple[str, Message, float | None]:
     """The follow-up's message, built as a producer's (``producer.build``) with a
     worker's policy (``lenient``: a compression it cannot apply is logged)."""
-    message, queue, delay = build(app, name, args, kwargs,
-                                  _send_options(app, name, options, embed, lineage),
-                                  lenient=True)
+    # flow.step: a unique task's lock taken, or its stand-in sent (producer/flow.py).
+    message, queue, delay = build(app, *step(app, name, args, kwargs, _send_options(
+        app, name, options, embed, lineage)), lenient=True)
     return queue, message, delay
 
 
@@ -380,6 +381,9 @@ def _send_options(app: Celeriac, name: str, options: Mapping[str, Any],
         countdown = None
         eta = parse_time(eta) if isinstance(eta, str) else (
             eta if isinstance(eta, datetime) else None)
+    # Celery's frozen steps name the caller's rpc:// queue; without one, the backend's
+    # own (RPCBackend.reply_to: this task's, inherited).
+    reply_to = options.get("reply_to")
     expires = options.get("expires")
     if isinstance(expires, str):
         expires = parse_time(expires)
@@ -394,6 +398,7 @@ def _send_options(app: Celeriac, name: str, options: Mapping[str, Any],
         compression=options.get("compression") or _task_compression(app, name),
         time_limit=options.get("time_limit"), soft_time_limit=options.get("soft_time_limit"),
         ignore_result=bool(options.get("ignore_result")), parent_id=lineage["parent_id"],
+        reply_to=reply_to if isinstance(reply_to, str) else None,
         root_id=lineage["root_id"], group_id=options.get("group_id"),
         group_index=options.get("group_index"), add_to_parent=False,
         embed=embed if any(v is not None for v in embed.values()) else None)

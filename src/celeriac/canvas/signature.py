@@ -372,6 +372,10 @@ class Signature(dict[str, Any]):
             opts["group_id"] = group_id
         if group_index is not None:
             opts["group_index"] = group_index
+        if "reply_to" not in opts:
+            reply_to = reply_queue(self.app)
+            if reply_to is not None:
+                opts["reply_to"] = reply_to
         return AsyncResult(tid, self.app, self.task)
 
     def __or__(self, other: Any) -> Any:
@@ -529,7 +533,6 @@ def _with_task_defaults(app: Celeriac, name: str, options: dict[str, Any]) -> di
 def _pop_embed(options: dict[str, Any]) -> dict[str, Any]:
     """Take the canvas options out of ``options``: the message body's embed."""
     chord_body = options.pop("chord", None)
-    options.pop("reply_to", None)  # Celery's RPC backend's reply queue: none here
     embed: dict[str, Any] = {}
     for option, key in (("link", "callbacks"), ("link_error", "errbacks"), ("chain", "chain")):
         found = _as_list(options.pop(option, None))
@@ -538,6 +541,19 @@ def _pop_embed(options: dict[str, Any]) -> dict[str, Any]:
     if chord_body is not None:
         embed["chord"] = plain(chord_body)
     return embed
+
+
+def reply_queue(app: Celeriac) -> str | None:
+    """Where rpc:// replies to a task frozen now go (None: not on rpc://), as Celery's
+    ``freeze`` sets ``reply_to``: a chain's steps carry it, so whichever worker, Celery's
+    or ours, sends a later step sends it with the caller's queue, and the last one's
+    result reaches the caller. Declares the caller's queue on first use (before any step
+    is sent, so no reply finds it missing)."""
+    backend_url = app.settings.result_backend
+    if backend_url is None or backend_url[:3] != "rpc":
+        return None
+    reply_to = getattr(app.backend, "reply_to", None)
+    return reply_to if isinstance(reply_to, str) else None
 
 
 def root_of(options: Mapping[str, Any], first_id: str) -> str:

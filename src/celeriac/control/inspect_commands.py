@@ -143,7 +143,8 @@ def revoked(state: ControlState) -> list[str]:
 def registered(state: ControlState, taskinfoitems: list[str] | None = None) -> list[str]:
     out = []
     for name, task in sorted(state.app.tasks.items()):
-        if name.startswith("celery."):  # the canvas builtins, as Celery hides its own
+        if name.startswith(("celery.", "celeriac.")):  # the canvas builtins (Celery's and
+            # ours), as Celery hides its own
             continue
         fields = [f"{item}={getattr(task.options, item, None)}" for item in taskinfoitems or ()
                   if getattr(task.options, item, None) is not None]

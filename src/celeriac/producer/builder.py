@@ -15,6 +15,7 @@ from ..protocol import Message, new_id, task_headers, task_properties, utcnow
 from ..runtime import request as _request
 from ..serialization import compression as _compression
 from ..transports.base import Outgoing
+from . import flow as _flow
 from .messages import absolute_time, encode_body
 from .options import SendOptions
 
@@ -29,8 +30,10 @@ def prepare(app: Celeriac, name: str, args: Sequence[Any] | None,
             lenient: bool = False) -> Outgoing:
     """The message ``send_task`` would publish, unpublished (a group publishes a chunk of
     them per round trip; ``publish.publish_prepared``); recorded among the running task's
-    children as ``send_task`` does."""
-    message, queue, delay = build(app, name, args, kwargs, options, lenient=lenient)
+    children as ``send_task`` does. A workflow step's flow options apply
+    (``flow.step``: its unique lock, or its stand-in)."""
+    message, queue, delay = build(app, *_flow.step(app, name, args, kwargs, options),
+                                  lenient=lenient)
     if options.add_to_parent:
         current = _request.current_request()
         if current is not None:
@@ -76,10 +79,13 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     priority = o.priority
     if priority is None:
         priority = settings.task_default_priority
-    # rpc://: replies go to the caller's queue, named in the message (Celery's reply_to).
-    rpc = settings.result_backend is not None and settings.result_backend[:3] == "rpc"
-    properties = task_properties(task_id, priority,
-                                 getattr(app.backend, "reply_to", None) if rpc else None)
+    # rpc://: replies go to the caller's queue, named in the message (Celery's reply_to);
+    # a frozen signature names it (a chain's later steps, sent by any worker).
+    reply_to = o.reply_to
+    if reply_to is None and settings.result_backend is not None \
+            and settings.result_backend[:3] == "rpc":
+        reply_to = getattr(app.backend, "reply_to", None)
+    properties = task_properties(task_id, priority, reply_to)
     if o.app_id is not None:
         properties["app_id"] = o.app_id
     message = Message(h, body, content_type, "utf-8", properties)

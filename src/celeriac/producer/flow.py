@@ -16,6 +16,17 @@ within the window runs and the others end ``REVOKED``.
 The check is one store round trip per ``delay()`` (``hold``); a task without
 ``unique_for`` pays one registry lookup.
 
+**Workflow steps** (a chain's step, a callback or errback, a chord's body, a group's or
+a chord header's member, sent by a producer or by a worker after a task: ``step``) get
+the same check, but a step's id is one its workflow waits for, so a duplicate is not
+simply left out: it is sent as a stand-in (``WAIT_TASK``, under the step's id, with what
+follows the step) that waits for the holder, polling (a retry every
+``result_chord_retry_interval``, no pool slot held meanwhile), and ends with the
+holder's result or exception; the workflow goes on from there. If the holder is gone
+without a result (``until_started``: it started; its result ignored; its lock lapsed),
+the stand-in sends the step itself, checked again. A debounced task is not debounced as
+a step: the step superseded would leave its workflow waiting for ever.
+
 **Concurrency keys** (``@app.task(concurrency=2, concurrency_key=lambda a, k:
 k["tenant"])``): the key is computed here, where the arguments are, and travels in the
 ``celeriac_concurrency`` header, since a worker's main process reads headers only.
@@ -23,7 +34,6 @@ k["tenant"])``): the key is computed here, where the arguments are, and travels 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -37,14 +47,17 @@ import orjson
 from .. import result as _result
 from ..errors import ConfigurationError
 from ..protocol import new_id
-from ..stores import SharedStore, store_for
 
 if TYPE_CHECKING:
     from ..app import Celeriac
+    from ..stores import SharedStore
     from .options import SendOptions
 
 logger = logging.getLogger("celeriac.producer.flow")
 
+WAIT_TASK = "celeriac.unique_wait"
+"""The stand-in a workflow step is sent as while another job holds its unique lock
+(``canvas/builtins.py``): ``(holder, lock, task, args, kwargs, headers)``."""
 UNIQUE_HEADER = "celeriac_unique"
 """``[lock name, mode]``: the lock a worker lets go as the job starts or ends."""
 CONCURRENCY_HEADER = "celeriac_concurrency"
@@ -132,6 +145,16 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
         headers[CONCURRENCY_HEADER] = str(flow.concurrency_key(a, k))
     if flow is None or flow.unique_for is None:
         return publish(app, name, args, kwargs, replace(options, headers=headers))
+    if _in_workflow(options):  # what follows it waits for its id: a step's rule
+        name, args, kwargs, options = _unique_step(app, name, a, k,
+                                                   replace(options, headers=headers), flow)
+        held = lock_of_step(options)
+        try:
+            return publish(app, name, args, kwargs, options)
+        except BaseException:
+            if held is not None:
+                _store(app, name).release(held, options.task_id or "")
+            raise
     lock = lock_name(name, a, k, flow.unique_key)
     task_id = options.task_id or new_id()
     store = _store(app, name)
@@ -156,6 +179,80 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
     except BaseException:
         store.release(lock, task_id)  # nothing was sent: the next call may send
         raise
+
+
+def step(app: Celeriac, name: str, args: Sequence[Any] | None,
+         kwargs: Mapping[str, Any] | None, options: SendOptions
+         ) -> tuple[str, Sequence[Any] | None, Mapping[str, Any] | None, SendOptions]:
+    """What a workflow step is sent as (``prepare``'s, a worker's follow-up's): the task
+    with its concurrency key's header and its unique lock taken, or the stand-in
+    (``WAIT_TASK``) under the step's id while another job holds that lock. One registry
+    lookup for a task without flow options."""
+    flow = spec(app, name)
+    if flow is None or applied(options):
+        return name, args, kwargs, options
+    a, k = tuple(args or ()), dict(kwargs or {})
+    if flow.concurrency_key is not None:
+        options = replace(options, headers={**(options.headers or {}),
+                                            CONCURRENCY_HEADER: str(flow.concurrency_key(a, k))})
+    if flow.unique_for is None:
+        return name, args, kwargs, options
+    return _unique_step(app, name, a, k, options, flow)
+
+
+def _in_workflow(options: SendOptions) -> bool:
+    """Whether something waits for this send's own id (what follows it, or its group)."""
+    embed = options.embed
+    return options.group_id is not None or (
+        embed is not None and any(v is not None for v in embed.values()))
+
+
+def lock_of_step(options: SendOptions) -> str | None:
+    """The unique lock a step's options say it took (None: a stand-in, or no lock)."""
+    spec_ = (options.headers or {}).get(UNIQUE_HEADER)
+    return spec_[0] if isinstance(spec_, list) and spec_ else None
+
+
+def _unique_step(app: Celeriac, name: str, a: tuple[Any, ...], k: dict[str, Any],
+                 options: SendOptions, flow: Spec
+                 ) -> tuple[str, Sequence[Any], Mapping[str, Any], SendOptions]:
+    assert flow.unique_for is not None
+    task_id = options.task_id or new_id()
+    if flow.mode == "debounce":
+        logger.debug("Task %s[%s] sent as a workflow step: not debounced", name, task_id)
+        return name, a, k, options
+    lock = lock_name(name, a, k, flow.unique_key)
+    # Its own id holding the lock is this step sent again (its parent ran again): a
+    # renewal, so sent again (at least once) rather than lost if the first publish
+    # never happened.
+    held = _store(app, name).hold(lock, task_id, flow.unique_for)
+    headers = dict(options.headers or {})
+    if held is None:
+        headers[UNIQUE_HEADER] = [lock, flow.mode]
+        return name, a, k, replace(options, task_id=task_id, headers=headers)
+    logger.info("Task %s[%s]: %s holds its unique lock %s; a stand-in waits for its result",
+                name, task_id, held, lock)
+    headers.pop(CONCURRENCY_HEADER, None)
+    queue = options.queue
+    if queue is None and options.routing_key is None and not app.routing.special:
+        queue = app.route(name)  # where the step would have gone: its workers
+    return WAIT_TASK, (held, lock, name, list(a), k, headers), {}, replace(
+        options, task_id=task_id, queue=queue, headers=headers or None)
+
+
+def awaited(app: Celeriac, holder: str, lock: str, step_id: str) -> str:
+    """Where a stand-in for step ``step_id`` stands: ``"sent"`` (the step holds the lock:
+    it was sent itself already), ``"done"`` (the holder's result is stored), ``"wait"``
+    (the holder holds the lock, no result yet), ``"gone"`` (neither: send the step)."""
+    # The lock first: the holder's result is stored before its lock is let go, so a
+    # lock gone and no result means none is coming.
+    now = _store(app, WAIT_TASK).holder(lock)
+    if now == step_id:
+        return "sent"
+    meta = app.backend.get(holder)
+    if meta is not None and meta.ready:
+        return "done"
+    return "wait" if now == holder else "gone"
 
 
 def fair_key(app: Celeriac, options: SendOptions) -> str:
@@ -198,6 +295,8 @@ def lock_name(name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
         except TypeError:  # arguments JSON cannot hold (pickle): their repr
             text = repr((args, sorted(kwargs.items())))
     if len(text) > KEY_LENGTH:
+        import hashlib  # deferred: only a long key needs it (a producer's import cost)
+
         text = hashlib.sha256(text.encode()).hexdigest()
     return f"unique:{name}:{text}"
 
@@ -217,6 +316,10 @@ def _store(app: Celeriac, name: str) -> SharedStore:
             return held[2]
         if held is not None and held[0] == os.getpid():
             held[2].close()  # the settings were replaced
+        # Deferred: the stores are only for tasks with unique_for or debounce, and a
+        # producer's import would otherwise load them all (issue 30).
+        from ..stores import store_for
+
         store = store_for(app.settings, f"task {name!r}: unique_for")
         _stores[app] = (os.getpid(), app.settings, store)
         return store
@@ -230,5 +333,6 @@ def close(app: Celeriac) -> None:
         held[2].close()
 
 
-__all__ = ["CONCURRENCY_HEADER", "FAIR_HEADER", "MODES", "UNIQUE_HEADER", "Spec", "applied",
-           "check_options", "close", "fair_key", "lock_name", "send", "spec", "with_fair"]
+__all__ = ["CONCURRENCY_HEADER", "FAIR_HEADER", "MODES", "UNIQUE_HEADER", "WAIT_TASK", "Spec",
+           "applied", "awaited", "check_options", "close", "fair_key", "lock_name",
+           "lock_of_step", "send", "spec", "step", "with_fair"]

@@ -15,7 +15,7 @@ from typing import Any
 SEND_OPTIONS = frozenset({
     "shadow", "routing_key", "exchange", "retry", "retry_policy", "parent_id", "root_id",
     "group_id", "add_to_parent", "link", "link_error", "compression", "argsrepr",
-    "kwargsrepr", "app_id", "fair_key"})
+    "kwargsrepr", "app_id", "fair_key", "reply_to"})
 """``Task.apply_async``'s options beyond its named parameters (Celery's names), passed
 through as they are; any other raises ``TypeError`` naming it."""
 
@@ -66,6 +66,10 @@ class SendOptions:
     app_id: str | None = None
     """The message's ``app_id`` property (AMQP's; the task sees it in
     ``self.request.properties``)."""
+    reply_to: str | None = None
+    """The message's ``reply_to`` property: where rpc:// replies go (Celery's frozen
+    signatures carry it, so a chain's later steps reply to its caller); None: the
+    result backend's own (``RPCBackend.reply_to``), or none."""
     embed: Mapping[str, Any] | None = None
     """What follows the task (``callbacks``, ``errbacks``, ``chain``, ``chord``): merged
     over ``EMPTY_EMBED`` into the body, which is encoded once."""
@@ -88,6 +92,8 @@ class SendOptions:
         if expires is not None and not isinstance(expires, (int, float, timedelta, datetime)):
             raise TypeError(f"expires must be seconds, a timedelta or a datetime, got "
                             f"{expires!r}")
+        if self.reply_to is not None and not isinstance(self.reply_to, str):
+            raise TypeError(f"reply_to must be a queue name, got {self.reply_to!r}")
         soft, hard = self.soft_time_limit, self.time_limit
         if soft and hard and soft > hard:
             # Celery's check: the soft limit is the task's warning before the hard one.

@@ -473,12 +473,17 @@ class Consumer:
             logger.info("Task %s[%s] revoked; discarded without running", name, task_id)
         self._result(task_id, states.REVOKED, {"exc_type": "TaskRevoked",
                      "exc_module": "celeriac.errors", "exc_message": [reason]}, d)
-        self._acks.append(d)
         if self.flow is not None:
             self.flow.dropped(d.message.headers)
         if d.message.headers.get("group"):  # a chord's header task: its part counts, as
-            # Celery counts a revoked one (revoking.py; off the loop: a backend write)
-            self._spawn(asyncio.to_thread(revoked_on_arrival, self.app, d.message, reason))
+            # Celery counts a revoked one, before its message is acknowledged (revoking.py)
+            def ack(done: Delivery) -> None:
+                self._acks.append(done)
+                self._wake.set()
+
+            self._spawn(revoked_on_arrival(self.app, self.transport, d, reason, ack))
+        else:
+            self._acks.append(d)
         if self.events is not None:
             event = self.events.expired(task_id)
             if not expired:

@@ -8,11 +8,19 @@ count: it decodes the body (only for a message with a ``group`` header; the main
 reads headers only otherwise) to find the chord its task belongs to: for a task
 terminated while it ran (``revoked_part``, from the pools' ``revoked_outcome``) and for
 one revoked before it ran (``revoked_on_arrival``, on a thread of the consumer's).
+
+A message revoked on arrival is acknowledged only once its part is counted: a worker
+that dies in between leaves it unacknowledged, so it comes again (the revoked ids are in
+the shared store) and is counted then, once (``chord_part`` is idempotent per task id).
+A count that fails (the result backend out of reach) gives the message back after
+``RECOUNT_DELAY`` seconds, to be counted later, rather than acknowledge it uncounted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import serialization, states
@@ -24,10 +32,15 @@ from ..serialization import compression
 if TYPE_CHECKING:
     from ..app import Celeriac
     from ..backends.base import Stored
-    from ..protocol import Message
+    from ..protocol import Delivery, Message
+    from ..transports.base import Transport
     from .execute import Job
 
 logger = logging.getLogger("celeriac.worker.revoking")
+
+RECOUNT_DELAY = 5.0
+"""Seconds a header task's message waits in the delay store when its revoked part could
+not be counted, before it comes again to be counted."""
 
 
 def chord_of(app: Celeriac, headers: dict[str, Any], body: bytes, content_type: str
@@ -64,16 +77,33 @@ def _count(app: Celeriac, headers: dict[str, Any], chord: dict[str, Any], stored
     return True
 
 
-def revoked_on_arrival(app: Celeriac, message: Message, reason: str) -> None:
+async def revoked_on_arrival(app: Celeriac, transport: Transport, d: Delivery, reason: str,
+                             ack: Callable[[Delivery], object]) -> None:
     """Count the part of a header task revoked before it ran (on a thread: it decodes the
-    body and writes the result backend), its ``REVOKED`` result stored with the count."""
+    body and writes the result backend), then acknowledge its message (``ack``, the
+    consumer's: at its next turn); if the count fails, give the message back for
+    ``RECOUNT_DELAY`` seconds instead."""
+    if await asyncio.to_thread(count_on_arrival, app, d.message, reason):
+        ack(d)
+        return
+    headers = d.message.headers
+    logger.warning("Task %s[%s] revoked: its chord part could not be counted; its message "
+                   "goes back for %.0fs, to be counted then", headers["task"], headers["id"],
+                   RECOUNT_DELAY)
+    await transport.requeue([d], redelivered=False, delay=RECOUNT_DELAY)
+
+
+def count_on_arrival(app: Celeriac, message: Message, reason: str) -> bool:
+    """Count the part of a header task revoked before it ran, its ``REVOKED`` result
+    stored with the count: True once counted, or when there is nothing to count; False
+    if the count failed (logged)."""
     headers = message.headers
     chord = chord_of(app, headers, message.body, message.content_type)
     if chord is None or headers.get("ignore_result"):
-        return
+        return True
     stored = app.backend.encode(headers["id"], states.REVOKED, {
         "exc_type": "TaskRevoked", "exc_module": "celeriac.errors", "exc_message": [reason]})
-    _count(app, headers, chord, stored)
+    return _count(app, headers, chord, stored)
 
 
 def revoked_part(app: Celeriac, job: Job, stored: Stored) -> bool:
@@ -83,4 +113,5 @@ def revoked_part(app: Celeriac, job: Job, stored: Stored) -> bool:
     return chord is not None and _count(app, job.headers, chord, stored)
 
 
-__all__ = ["chord_of", "revoked_on_arrival", "revoked_part"]
+__all__ = ["RECOUNT_DELAY", "chord_of", "count_on_arrival", "revoked_on_arrival",
+           "revoked_part"]
