@@ -265,6 +265,30 @@ def _wait_count(io: Any, key: str, n: int, timeout: float, side: Side) -> float:
     return time.time()
 
 
+def worker_cpu(side: Side) -> tuple[float, float]:
+    """CPU seconds so far of the worker's main process and of its children, every thread
+    (``/proc/<pid>/task/*/schedstat``: nanoseconds, finer than ``stat``'s ticks)."""
+    proc = getattr(side.worker, "proc", None)
+    if proc is None:
+        return 0.0, 0.0
+
+    def cpu(pid: int) -> float:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+
+    try:
+        kids: list[int] = []
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            with open(f"/proc/{proc.pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        return cpu(proc.pid), sum(cpu(k) for k in kids)
+    except OSError:  # no /proc (not Linux), or a child replaced mid-read
+        return 0.0, 0.0
+
+
 def one_run(side: Side, opts: argparse.Namespace, workdir: Path) -> dict[str, float]:
     import redis
     import tasks as bench_tasks
@@ -278,17 +302,24 @@ def one_run(side: Side, opts: argparse.Namespace, workdir: Path) -> dict[str, fl
         drain = opts.drain_n / (_wait_count(io, key, opts.drain_n, opts.timeout, side) - ready)
         io.delete(key)
         rate = drain * opts.load
+        cpu_before = worker_cpu(side)
         began = time.perf_counter()
         sent = side.paced(rate, opts.seconds, opts.threads, key)
         sending = time.perf_counter() - began
         _wait_count(io, key, sent, opts.timeout, side)
+        cpu_after = worker_cpu(side)
         stamps = [float(x) for x in io.lrange(key, 0, -1)]
     finally:
         side.stop()
         io.delete(key, key + ":warm")
         io.close()
         side.flush()
-    return {"drain": drain, "rate": rate, "sent_rate": sent / sending, **percentiles(stamps)}
+    # Per paced task (the warm-up's few calls included): what trickling tasks cost the
+    # worker, against the drain's cost per task (docs/speed.md, "Latency under load").
+    main_us, children_us = ((a - b) / max(sent, 1) * 1e6
+                            for a, b in zip(cpu_after, cpu_before, strict=True))
+    return {"drain": drain, "rate": rate, "sent_rate": sent / sending, **percentiles(stamps),
+            "main_us": main_us, "children_us": children_us}
 
 
 def measure(opts: argparse.Namespace, workdir: Path) -> dict[str, dict[str, float]]:
@@ -321,14 +352,15 @@ def table(figures: dict[str, dict[str, float]], opts: argparse.Namespace) -> Any
                     f"{opts.load:.0%} of each system's maximum drain for {opts.seconds:g} s "
                     f"(median of {opts.runs} runs)", title_justify="left")
     for column in ("system", "max drain /s", "sent /s", "p50 ms", "p99 ms", "max ms",
-                   "worst p99 ms", "each run's p99 ms"):
+                   "worst p99 ms", "each run's p99 ms", "CPU us/task main / children"):
         t.add_column(column, justify="left" if column == "system" else "right")
     for name, f in figures.items():
         each = " ".join(f"{v * 1e3:.1f}" for k, v in f.items()
                         if k.startswith("p99_") and k != "p99_worst")
         t.add_row(name, f"{f['drain']:,.0f}", f"{f['sent_rate']:,.0f}", f"{f['p50'] * 1e3:.2f}",
                   f"{f['p99'] * 1e3:.2f}", f"{f['max'] * 1e3:.1f}",
-                  f"{f['p99_worst'] * 1e3:.2f}", each)
+                  f"{f['p99_worst'] * 1e3:.2f}", each,
+                  f"{f.get('main_us', 0):,.0f} / {f.get('children_us', 0):,.0f}")
     return t
 
 

@@ -17,7 +17,9 @@ One round trip each: ``publish_many``, a ``fetch`` of up to ``limit`` messages a
 several queues, an ``ack`` of a batch, a lease renewal. An idle fetch does not poll: the
 fetch script registers the consumer as idle on its queues, and the consumer BLPOPs its
 own wake list until the next delayed message is due; whatever makes a message ready in
-one of those queues pushes it a token. Broadcasts are Redis pub/sub, on channels named
+one of those queues pushes it a token. The worker's sleeper (``wait_ready``) writes the
+next fetch behind its BLPOP on a connection of its own, so a wake-up and its messages
+come back in one round trip. Broadcasts are Redis pub/sub, on channels named
 by ``Endpoint.channel``: ``<namespace>:bc:<db>:<channel>``, so that apps on other
 databases of the same server (pub/sub is server-wide) neither hear nor command ours.
 
@@ -42,6 +44,7 @@ import redis
 
 from ..backends.redis import FEED_LENGTH, RedisBackend, encode_value, expiry_ms
 from ..clients.redis import Connector
+from ..clients.redis.scripts import script_sha, script_source
 from ..errors import DecodeError, OperationalError
 from ..protocol import DECODE_ERROR_HEADER, Delivery, Message
 from .base import CONTROL_CHANNEL, DeadLetter, Outgoing, Subscription, Transport
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     import redis.asyncio as aredis
 
     from ..backends.base import ResultBackend, Stored
+    from ..clients.redis.lanes import AsyncLane
     from ..settings import Settings
 
 logger = logging.getLogger("celeriac.transports.redis")
@@ -86,6 +90,8 @@ class RedisTransport(Transport):
         """From the last turn that fetched: ms until a delayed message is due (-1: none)."""
         self._fanout: dict[str, str] = {}
         """This consumer's fanout queues -> their groups, bound while its lease lasts."""
+        self._sleeper_lane: tuple[int, asyncio.AbstractEventLoop, AsyncLane] | None = None
+        """The sleeper's own connection (``wait_ready``): its BLPOP blocks it."""
         options = self.settings.broker_transport_options or {}
         compact = options.get("compact_messages", True)
         self._compact = str(compact).strip().lower() not in ("false", "0", "no", "off")
@@ -258,27 +264,113 @@ class RedisTransport(Transport):
                          ) -> list[Delivery] | None:
         """Sleep until a message may be ready for the last ``settle_and_fetch`` that came back
         short (a publish to its queues wakes us, or a delayed message comes due), or for
-        ``timeout`` seconds. That call registered us as idle: only the wait is left,
-        and the next call fetches (no fetch queued on the connection ahead of the
-        exchanges that settle meanwhile)."""
+        ``timeout`` seconds, then fetch up to ``limit``: the fetch is written behind the
+        BLPOP on the sleeper's own connection, so Redis runs it the moment the BLPOP
+        returns and both replies come back in one round trip (a wake-up costs one round
+        trip, not two). Returns what it fetched; None when it only waited (no lane: TLS;
+        the script was not loaded): the next ``settle_and_fetch`` fetches.
+
+        The pump's exchanges go on meanwhile on the other connection, with ``limit`` 0
+        (the consumer fetches in one place at a time): acks and results only, which touch
+        none of the messages this fetch takes. A fetch after a BLPOP that timed out is an
+        ordinary fetch (it registers us as idle again when it comes back short). A reply
+        lost or abandoned (cancelled while it was in flight) leaves messages ours in
+        Redis that we never saw: ``_suspect`` makes the next fetch give them back, and
+        ``disconnect`` gives back all we own."""
         due = self._next_due
         if due == 0:
             return None  # more delayed messages are due than one fetch promotes
+        me = self._me()
         wait = timeout if due < 0 else min(timeout, due / 1000)
         # Whole milliseconds, rounded up (see fetch).
-        await self._sleep(self._me(), max(math.ceil(wait * 1000), 1) / 1000)
-        return None
+        seconds = max(math.ceil(wait * 1000), 1) / 1000
+        names = list(dict.fromkeys(queues)) if limit > 0 else []
+        if not names:
+            await self._sleep(me, seconds)
+            return None
+        if self._suspect:
+            await self._reconcile(me, counted=False)
+        args = [me, self._lease_ms(), limit, "", 0, 0, FEED_LENGTH, *names]
+        failures = self.conn.async_failures
+        try:
+            reply = await self.conn.acall(
+                lambda client, ns: self._sleep_then_fetch(client, ns, me, seconds, args))
+        except BaseException:
+            self._suspect = True
+            raise
+        finally:
+            if self.conn.async_failures != failures:
+                self._suspect = True
+        if reply is None:
+            return None
+        self._next_due = int(reply[0])
+        return self._deliveries(reply)
+
+    async def _sleep_then_fetch(self, client: aredis.Redis, ns: str, me: str,
+                                seconds: float, args: list[Any]) -> Any:
+        """BLPOP our wake list and the fetch behind it, on the sleeper's lane: the fetch's
+        reply (None: no lane, or the script had to be loaded, and the fetch did not run)."""
+        lane = await self._lane_for_sleep()
+        if lane is None:
+            await self._blpop(client, ns, me, seconds)
+            return None
+        woke, fetched = lane.pipeline(
+            ("BLPOP", f"{ns}:wake:{me}", f"{seconds:.3f}"),
+            ("EVALSHA", script_sha("settle_and_fetch"), 0, ns, *args))
+        try:
+            async with asyncio.timeout(seconds + _BLOCK_GUARD):
+                try:
+                    # Replies come in order: once the fetch's has come, the BLPOP's has too.
+                    reply = await fetched
+                except redis.exceptions.NoScriptError:
+                    # A restarted or flushed server: the fetch did not run. Load the
+                    # script for the pump's next call, which fetches in its place.
+                    await lane.call("SCRIPT", "LOAD", script_source("settle_and_fetch"))
+                    reply = None
+        except (asyncio.CancelledError, TimeoutError) as exc:
+            woke.cancel()
+            lane.close()  # a reply may still come: the connection is out of step
+            if isinstance(exc, TimeoutError):
+                raise redis.TimeoutError(f"no reply to BLPOP within {seconds}s") from exc
+            raise
+        finally:
+            failed = woke.exception() if woke.done() and not woke.cancelled() else None
+        if failed is not None:
+            raise failed
+        return reply
+
+    async def _lane_for_sleep(self) -> AsyncLane | None:
+        loop = asyncio.get_running_loop()
+        held = self._sleeper_lane
+        if held is not None:
+            if (held[0] == self.conn.generation and held[1] is loop
+                    and not held[2].broken):
+                return held[2]
+            self._sleeper_lane = None
+            if held[1] is loop:
+                held[2].close()
+        opened = await self.conn.open_lane()
+        if opened is None:
+            return None
+        self._sleeper_lane = (opened[0], loop, opened[1])
+        return opened[1]
+
+    def _close_sleeper_lane(self) -> None:
+        held, self._sleeper_lane = self._sleeper_lane, None
+        if held is not None:
+            held[2].close()
 
     async def _sleep(self, me: str, seconds: float) -> None:
         """Until a token arrives on our wake list, or ``seconds`` pass."""
-        async def blpop(client: aredis.Redis, ns: str) -> Any:
-            # BLPOP's timeout of 0 means forever: callers pass at least a millisecond.
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-            # cancellation that lands as the call completes (shutdown would hang).
-            async with asyncio.timeout(seconds + _BLOCK_GUARD):
-                return await client.blpop([f"{ns}:wake:{me}"], seconds)
+        await self.conn.acall(lambda client, ns: self._blpop(client, ns, me, seconds))
 
-        await self.conn.acall(blpop)
+    @staticmethod
+    async def _blpop(client: aredis.Redis, ns: str, me: str, seconds: float) -> Any:
+        # BLPOP's timeout of 0 means forever: callers pass at least a millisecond.
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+        # cancellation that lands as the call completes (shutdown would hang).
+        async with asyncio.timeout(seconds + _BLOCK_GUARD):
+            return await client.blpop([f"{ns}:wake:{me}"], seconds)
 
     async def _reconcile(self, me: str, *, counted: bool) -> None:
         """Give back what Redis says we own and we never saw (a fetch whose reply was
@@ -381,6 +473,7 @@ class RedisTransport(Transport):
             await self.release()
 
     async def release(self) -> None:
+        self._close_sleeper_lane()
         await self.conn.aclose()
 
     # -- administration -----------------------------------------------------------------

@@ -34,7 +34,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from ...errors import BrokerUnavailable, ConfigurationError, OperationalError
 from ..net import backoff, retry_policy
 from .scripts import check_wait, script_sha, script_source
-from .topology import parse
+from .topology import DRIVER, parse
 
 if TYPE_CHECKING:
     from ...settings import Settings
@@ -72,7 +72,8 @@ class ClusterConnector:
 
     def _kwargs(self) -> dict[str, Any]:
         url = redis.connection.parse_url(self.endpoint.url)  # type: ignore[no-untyped-call]
-        return {k: url[k] for k in ("username", "password") if url.get(k) is not None}
+        return {**DRIVER,
+                **{k: url[k] for k in ("username", "password") if url.get(k) is not None}}
 
     def _check_pid(self) -> None:
         if self._pid != os.getpid():

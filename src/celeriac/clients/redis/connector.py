@@ -44,7 +44,16 @@ from ...errors import BrokerUnavailable, ConfigurationError, OperationalError
 from ..net import backoff, retry_policy
 from .lanes import AsyncLane, SyncLane, lane_params
 from .scripts import NotReplicated, check_wait, script_sha, script_source
-from .topology import DEFAULT_NAMESPACE, Endpoint, adiscover, discover, parse, parse_url, where
+from .topology import (
+    DEFAULT_NAMESPACE,
+    DRIVER,
+    Endpoint,
+    adiscover,
+    discover,
+    parse,
+    parse_url,
+    where,
+)
 
 if TYPE_CHECKING:
     from ...settings import Settings
@@ -128,6 +137,7 @@ class Connector:
             "socket_connect_timeout": self.settings.broker_connection_timeout,
             "socket_keepalive": True,
             "client_name": re.sub(r"[^!-~]", "-", name),  # printable, no spaces
+            **DRIVER,
         }
 
     def _url(self) -> str:
@@ -367,6 +377,22 @@ class Connector:
             raise
         opening.set_result(lane)
         return lane
+
+    @property
+    def generation(self) -> int:
+        """Bumped when the server to talk to changes: a lane of an older one is stale."""
+        return self._gen
+
+    async def open_lane(self) -> tuple[int, AsyncLane] | None:
+        """A lane of the caller's own to the current server, with its ``generation``; None
+        where only redis-py will do (TLS). For a blocking command with a script pipelined
+        behind it (the Redis transport's sleeper), which would hold up the shared lane."""
+        gen, params = self._gen, self._lane_params()
+        if params is None:
+            return None
+        lane = await AsyncLane.open(params, self._options()["client_name"],
+                                    self.settings.broker_connection_timeout)
+        return gen, lane
 
     async def arun(self, name: str, args: Sequence[Any]) -> Any:
         """Script ``name`` with ARGV = [namespace, *args], through ``acall``."""

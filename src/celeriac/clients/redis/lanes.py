@@ -266,6 +266,16 @@ class AsyncLane(asyncio.Protocol):
         self.transport.write(hiredis.pack_command(args))
         return future
 
+    def pipeline(self, *commands: Sequence[Any]) -> list[asyncio.Future[Any]]:
+        """Send ``commands`` in one write; the futures of their replies, in order."""
+        if self.broken or self.transport is None:
+            raise redis.ConnectionError("connection closed")
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in commands]
+        self.waiting.extend(futures)
+        self.transport.write(b"".join(hiredis.pack_command(tuple(c)) for c in commands))
+        return futures
+
     async def evalsha(self, sha: str, source: str, args: Sequence[Any]) -> Any:
         try:
             return await self.call("EVALSHA", sha, 0, *args)
