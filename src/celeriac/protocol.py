@@ -14,7 +14,6 @@ envelope is ours: one JSON object ``{"h": headers, "p": properties, "ct": conten
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,6 +99,8 @@ _ORIGIN: str | None = None
 def origin() -> str:
     global _ORIGIN
     if _ORIGIN is None:
+        import socket  # deferred: the origin is made once, and socket is costly to import
+
         _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
     return _ORIGIN
 

@@ -13,10 +13,15 @@ import click
 import pytest
 
 from celeriac.cli import LAZY, main
+from tests.services import require
 
 HEAVY = ("celeriac.worker", "celeriac.dashboard", "celeriac.cli", "asyncio", "ssl", "click",
          "rich")
 """What a producer never needs (a module or any of its submodules)."""
+UNTIL_USED = ("celeriac.stores", "pickle", "bz2", "lzma", "difflib", "socket")
+"""What a producer loads only when it uses it: the shared store (``unique_for``,
+``debounce``), pickle, bz2 and lzma compression, the misspelt-setting hint, the host name
+of the ``origin`` header (the broker's client brings socket with its first connection)."""
 
 
 def loaded_after(code: str) -> list[str]:
@@ -54,7 +59,33 @@ chain(add.s(1, 2), mul.s(3))
 group(add.s(1, 1), add.s(2, 2))
 app.finalize()
 """
-    assert heavy_in(loaded_after(code)) == []
+    modules = loaded_after(code)
+    assert heavy_in(modules) == []
+    assert heavy_in(modules, UNTIL_USED) == []
+
+
+def test_what_a_producer_defers_is_there_when_used() -> None:
+    code = """
+from celeriac import Celeriac
+from celeriac.errors import ConfigurationError
+from celeriac.protocol import origin
+from celeriac.serialization import compression, get_serializer
+app = Celeriac("costs", broker="memory://")
+for name in ("bzip2", "lzma"):
+    kind, data = compression.compress(b"x" * 100, name)
+    assert compression.decompress(data, kind, 1000) == b"x" * 100
+pickled = get_serializer("pickle")
+assert pickled.loads(pickled.dumps({"a": 1})) == {"a": 1}
+assert "@" in origin()
+try:
+    Celeriac("costs", broker="memory://", task_default_queeu="x")
+except ConfigurationError as exc:
+    assert "did you mean task_default_queue" in str(exc), exc
+else:
+    raise AssertionError("a misspelt setting was taken")
+"""
+    modules = loaded_after(code)
+    assert {"pickle", "bz2", "lzma", "difflib", "socket"} <= set(modules)
 
 
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
@@ -103,3 +134,31 @@ def test_a_command_added_the_eager_way_is_listed_and_runs() -> None:
     ctx = click.Context(group)
     assert "hello" in group.list_commands(ctx)
     assert group.get_command(ctx, "hello") is hello
+
+
+def test_a_redis_connection_does_not_read_the_package_metadata() -> None:
+    # redis-py 8 reads its version from the package metadata for every connection (1 ms
+    # each, 7 ms the first) unless given it: the connector gives it once.
+    url = require("redis")
+    code = f"""
+import asyncio, redis, redis.utils
+calls = []
+real = redis.utils.get_lib_version
+redis.utils.get_lib_version = lambda: calls.append(1) or real()
+from celeriac.clients.redis.connector import Connector
+from celeriac.settings import Settings
+
+async def aping(connector):
+    return await connector.acall(lambda client, ns: client.client_info())
+
+for role in ("broker", "backend", "store"):
+    connector = Connector([{url!r} + "?namespace=import-cost"], Settings(), role,
+                          read_timeout=5)
+    for info in (connector.call(lambda client, ns: client.client_info()),
+                 asyncio.run(aping(connector))):
+        assert info["name"] == f"celeriac-{{role}}:import-cost", info
+        # Redis >= 7.2 keeps what CLIENT SETINFO told it: what redis-py would have said.
+        assert info.get("lib-ver", redis.__version__) == redis.__version__, info
+assert calls == [], calls
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
 from celeriac.worker import STARTS_AFTER, _steps
 from celeriac.worker.autoscale import Autoscaler
-from celeriac.worker.blueprint import Step, order
+from celeriac.worker.blueprint import Blueprint, Step, order
 from celeriac.worker.control import ControlStep
 from celeriac.worker.gossip import Gossip
 from celeriac.worker.health import HealthFile
@@ -72,3 +73,60 @@ def test_the_orderings_hold_whatever_the_listing() -> None:
             assert all(got.index(b) < got.index(step) for b in before)
         for step in got:
             assert all(got.index(r) < got.index(step) for r in step.requires)
+
+
+def test_what_a_step_sets_going_runs_before_the_next_step_starts() -> None:
+    # The consumer's first fetch goes out before Gossip's start, which may be CPU work
+    # without an await (issue 30: the first task is not held behind later steps).
+    seen: list[str] = []
+
+    class Pump(Step):
+        async def start(self) -> None:
+            self.task = asyncio.get_running_loop().create_task(self.fetch())
+
+        async def fetch(self) -> None:
+            seen.append("fetch")
+
+    class Busy(Step):
+        requires: ClassVar[tuple[type[Step], ...]] = (Pump,)
+
+        async def start(self) -> None:
+            seen.append("busy")
+
+    class Host:
+        steps: dict[type[Step], Step] = {}
+
+    async def run() -> None:
+        blueprint = Blueprint([Busy])
+        await blueprint.start(Host())  # type: ignore[arg-type]
+        await blueprint.stop()
+
+    asyncio.run(run())
+    assert seen == ["fetch", "busy"]
+
+
+def test_a_step_that_fails_after_a_turn_still_rolls_back_in_reverse() -> None:
+    stopped: list[str] = []
+
+    class Named(Step):
+        async def stop(self) -> None:
+            stopped.append(self.name)
+
+    class A(Named):
+        pass
+
+    class B(Named):
+        requires: ClassVar[tuple[type[Step], ...]] = (A,)
+
+    class Fails(Named):
+        requires: ClassVar[tuple[type[Step], ...]] = (B,)
+
+        async def start(self) -> None:
+            raise RuntimeError("no")
+
+    class Host:
+        steps: dict[type[Step], Any] = {}
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(Blueprint([Fails]).start(Host()))  # type: ignore[arg-type]
+    assert stopped == ["B", "A"]

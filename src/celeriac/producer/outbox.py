@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import re
 import sys
 import threading
@@ -77,6 +76,8 @@ def ddl(table: str) -> str:
 
 def lock_key(table: str) -> int:
     """The advisory lock that serializes the table's creation (a signed 64-bit int)."""
+    import hashlib  # deferred: only the outbox's table creation needs it
+
     digest = hashlib.blake2b(f"celeriac-outbox:{table}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 

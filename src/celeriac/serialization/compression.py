@@ -18,9 +18,6 @@ KiB of zeros compress to almost nothing and would expand to gigabytes in a worke
 
 from __future__ import annotations
 
-import bz2
-import functools
-import lzma
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -33,20 +30,60 @@ MAGIC = b"\x00celery-compressed\x00"
 HEADER = "compression"
 """The task message header that names the body's compression."""
 
+# bz2 and lzma are imported when first used: together they are a few ms of every
+# producer's import, and few deployments compress with them (issue 30).
+
+
+def _bz2_compress(data: bytes) -> bytes:
+    import bz2
+
+    return bz2.compress(data)
+
+
+def _lzma_compress(data: bytes) -> bytes:
+    import lzma
+
+    return lzma.compress(data)
+
+
 _COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     "application/x-gzip": zlib.compress,
-    "application/x-bz2": bz2.compress,
-    "application/x-lzma": lzma.compress,
+    "application/x-bz2": _bz2_compress,
+    "application/x-lzma": _lzma_compress,
 }
 LZMA_MEMORY = 128 * 1024 * 1024
 """The most an xz stream may ask for to decode (its dictionary is in its header, and
 ``xz -9`` asks for 65 MiB): a forged header cannot make a worker allocate gigabytes.
 zlib's window (32 KiB) and bzip2's blocks (900 KB) are bounded by their formats."""
 
+
+def _bz2_decompressor() -> Any:
+    import bz2
+
+    return bz2.BZ2Decompressor()
+
+
+def _lzma_decompressor() -> Any:
+    import lzma
+
+    return lzma.LZMADecompressor(memlimit=LZMA_MEMORY)
+
+
+def _corrupt(kind: str) -> tuple[type[BaseException], ...]:
+    """What a corrupt or cut stream of ``kind`` raises (lzma's own error class only for
+    lzma data, the one case where lzma is already imported)."""
+    common = (zlib.error, OSError, EOFError, MemoryError)
+    if kind != "application/x-lzma":
+        return common
+    import lzma
+
+    return (*common, lzma.LZMAError)
+
+
 _DECOMPRESSORS: dict[str, Callable[[], Any]] = {
     "application/x-gzip": zlib.decompressobj,
-    "application/x-bz2": bz2.BZ2Decompressor,
-    "application/x-lzma": functools.partial(lzma.LZMADecompressor, memlimit=LZMA_MEMORY),
+    "application/x-bz2": _bz2_decompressor,
+    "application/x-lzma": _lzma_decompressor,
 }
 CONTENT_TYPES = tuple(_DECOMPRESSORS)
 _NAMES = {"gzip": "application/x-gzip", "zlib": "application/x-gzip",
@@ -88,7 +125,7 @@ def decompress(data: bytes, kind: str, limit: int) -> bytes:
     decompressor = factory()
     try:
         out = decompressor.decompress(data, limit + 1)
-    except (zlib.error, OSError, lzma.LZMAError, EOFError, MemoryError) as exc:
+    except _corrupt(kind) as exc:
         raise DecodeError(f"corrupt {kind} data: {exc}") from None
     if len(out) > limit:
         raise DecodeError(f"{kind} data expands past {limit} bytes (max_message_size)")

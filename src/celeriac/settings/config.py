@@ -19,7 +19,6 @@ known name. ``tests/unit/test_config.py`` holds every Celery name to this.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import types
 import typing
@@ -209,7 +208,7 @@ def translate(values: Mapping[str, Any], fields: frozenset[str], source: str
             raise ConfigurationError(f"setting {name}={value!r} (from {source}) is not "
                                      f"supported: {reason}")
         else:
-            close = difflib.get_close_matches(name, [*fields, *CELERY_DEFAULTS], 1)
+            close = _close(name, [*fields, *CELERY_DEFAULTS])
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigurationError(f"unknown setting {name!r} (from {source}){hint}")
     if services:
@@ -250,7 +249,7 @@ def from_mapping(values: Mapping[str, Any], namespace: str | None) -> dict[str, 
         elif key in OLD_NAMES:
             out[OLD_NAMES[key]] = value
         elif key.isupper() and key.startswith(("CELERY", "BROKER_")):
-            close = difflib.get_close_matches(key, OLD_NAMES, 1)
+            close = _close(key, OLD_NAMES)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigurationError(f"unknown setting {key!r}{hint}")
     return out
@@ -448,3 +447,11 @@ def _check_annotation(task: str, options: Any) -> None:
         raise ConfigurationError(
             f"task_annotations[{task!r}]: {', '.join(sorted(unknown))} cannot be annotated "
             f"(task options that can: {', '.join(sorted(ANNOTATABLE))})")
+
+
+def _close(word: str, names: Iterable[str]) -> list[str]:
+    """The name closest to a misspelt ``word``, if any (difflib is imported only here,
+    on an error path: it is a few ms of every import otherwise)."""
+    import difflib
+
+    return difflib.get_close_matches(word, list(names), 1)

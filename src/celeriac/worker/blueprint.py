@@ -10,6 +10,7 @@ stopped (in reverse) before the error propagates.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, ClassVar
@@ -101,6 +102,10 @@ class Blueprint:
                 await self.stop(cold=True)
                 raise
             self.started.append(step)
+            # A turn of the loop between steps: what a started step set going (the
+            # consumer's first fetch) runs now, not after the next step's start, which
+            # may be CPU work without an await (Gossip's, ~10 ms; issue 30).
+            await asyncio.sleep(0)
 
     async def stop(self, cold: bool = False) -> None:
         while self.started:
