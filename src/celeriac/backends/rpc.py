@@ -21,7 +21,10 @@ it with that queue, Celery's worker as ours. A task sent from inside a task with
 Limits, Celery's: a result lives in the caller's memory only (another process cannot
 read it; ``GroupResult.save``/``restore`` and ``forget`` across processes do not exist),
 and chords are refused (``ensure_chords_allowed``): a chord's body needs its header's
-results, and those went to the caller.
+results, and those went to the caller. No shared store can hold them instead: rpc://
+replies through an AMQP broker (``broker_parameters`` refuses any other), and neither
+rpc:// nor RabbitMQ is a store (``stores.find_url`` finds none), so a deployment on
+rpc:// never has one; chords need a result backend that stores results.
 
 Reading: the reply queue is consumed (no ack, as Celery's) on one connection per process
 by whichever waiting thread holds it; the latest state per task id is kept (bounded,
@@ -61,9 +64,11 @@ _HEAD = struct.Struct(">HH")
 _PIKA_ERRORS = (pika.exceptions.AMQPError, OSError)
 E_NO_CHORDS = ("the rpc:// result backend does not support chords: a chord's body needs "
                "its header's results, and on rpc:// those go to the caller's reply queue, "
-               "where no worker can read them (a group chained with a task is a chord too). "
-               "Use a result backend that stores results: redis://, postgresql://, "
-               "mysql:// or sqlite://")
+               "where no worker can read them (a group chained with a task is a chord too); "
+               "nor is there a shared store to keep them, since rpc:// needs an AMQP broker "
+               "and neither is a store. For chords, use a result backend that stores "
+               "results: redis://, postgresql://, mysql:// or sqlite:// (the broker can "
+               "stay amqp://)")
 E_NO_GROUPS = ("the rpc:// result backend keeps no results another process can read: "
                "GroupResult.save/restore is not supported (nor chords, which save their "
                "header); use a redis://, postgresql://, mysql:// or sqlite:// result backend")

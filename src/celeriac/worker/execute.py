@@ -203,6 +203,8 @@ def _decode(app: Celeriac, task: Task[Any, Any], job: Job
             # A chord polled by celery.chord_unlock needs no size in its header tasks.
             followups.check_embed(embed, headers.get("group"), sizes_stored=(
                 app.backend.chord_sizes_stored or app.backend.chords_by_unlock))
+            if embed.get("chord"):
+                _chords_counted(app)
     except DecodeError as exc:
         logger.error("Task %s[%s] dead-lettered: %s", task.name, headers["id"], exc)
         # Its FAILURE is stored too: a caller in get() learns why at once. (The state
@@ -210,9 +212,20 @@ def _decode(app: Celeriac, task: Task[Any, Any], job: Job
         stored = None
         if not (task.ignore_result or headers.get("ignore_result")):
             stored = app.backend.encode(headers["id"], states.FAILURE, exc,
-                                        retries=int(headers.get("retries") or 0))
+                                        retries=int(headers.get("retries") or 0),
+                                        properties=job.properties)
         return Outcome("dead_letter", None, str(exc), 0.0, stored)
     return args, kwargs, embed
+
+
+def _chords_counted(app: Celeriac) -> None:
+    """``DecodeError`` for a chord header task where the result backend cannot count
+    chords (rpc://, from a producer configured otherwise): its part could never be
+    counted, so the message would come back and run again until dead-lettered."""
+    try:
+        app.backend.ensure_chords_allowed()
+    except NotImplementedError as exc:
+        raise DecodeError(f"embed 'chord': {exc}") from exc
 
 
 def _claim(app: Celeriac, task: Task[Any, Any], task_id: str, claim: str, nesting: int
