@@ -1,9 +1,10 @@
 """Unique jobs as workflow steps (issue 29), with a real worker (prefork, 4 children) on
-Redis: a chain's step sent by the worker, a chord header's member sent by the producer.
-A step whose unique lock another job holds is sent as a stand-in under its own id,
-which ends with the holder's result (or its exception) and the workflow goes on; a
-holder gone without a result lets the step run itself. One worker for the module; the
-messages a producer sends, on the memory broker."""
+each shared store (Redis; PostgreSQL results with a Redis broker; SQLite): a chain's
+step sent by the worker, a chord header's member sent by the producer. A step whose
+unique lock another job holds is sent as a stand-in under its own id, which ends with
+the holder's result (or its exception) and the workflow goes on; a holder gone without
+a result lets the step run itself. One worker per store for the module; the messages a
+producer sends, on the memory broker."""
 
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from celeriac.hooks import Hooks
 from celeriac.producer.flow import CONCURRENCY_HEADER, UNIQUE_HEADER, WAIT_TASK
 from celeriac.testing import WorkerProcess, wait_until
 from tests.integration import unique_followups_tasks as ut
-from tests.integration.support import bound, redis_env, workers
+from tests.integration.flow_stores import STORES, store_env
+from tests.integration.support import bound, workers
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module", params=STORES)
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[dict[str, str]]:
     # The stand-in polls every result_chord_retry_interval: short, for a short test.
-    with redis_env("uqf", RESULT_CHORD_RETRY_INTERVAL=0.1) as e:
+    with store_env(request.param, "uqf", tmp_path_factory.mktemp("db"),
+                   RESULT_CHORD_RETRY_INTERVAL=0.1) as e:
         yield e
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .. import states
 from ..errors import ChordError, DecodeError
 from ..producer import SendOptions, build
-from ..producer.flow import step
+from ..producer.flow import release_unsent, step
 from ..producer.publish import publish_one
 from ..protocol import new_id, parse_time
 from ..result import AsyncResult, GroupResult
@@ -358,8 +358,12 @@ def _message(app: Celeriac, name: str, args: list[Any], kwargs: dict[str, Any],
     """The follow-up's message, built as a producer's (``producer.build``) with a
     worker's policy (``lenient``: a compression it cannot apply is logged)."""
     # flow.step: a unique task's lock taken, or its stand-in sent (producer/flow.py).
-    message, queue, delay = build(app, *step(app, name, args, kwargs, _send_options(
-        app, name, options, embed, lineage)), lenient=True)
+    stepped = step(app, name, args, kwargs, _send_options(app, name, options, embed, lineage))
+    try:
+        message, queue, delay = build(app, *stepped, lenient=True)
+    except BaseException:  # unbuilt, so unsent: its lock would keep a delay() out
+        release_unsent(app, [(stepped[3].task_id or "", stepped[3].headers)])
+        raise
     return queue, message, delay
 
 

@@ -32,8 +32,12 @@ def prepare(app: Celeriac, name: str, args: Sequence[Any] | None,
     them per round trip; ``publish.publish_prepared``); recorded among the running task's
     children as ``send_task`` does. A workflow step's flow options apply
     (``flow.step``: its unique lock, or its stand-in)."""
-    message, queue, delay = build(app, *_flow.step(app, name, args, kwargs, options),
-                                  lenient=lenient)
+    stepped = _flow.step(app, name, args, kwargs, options)
+    try:
+        message, queue, delay = build(app, *stepped, lenient=lenient)
+    except BaseException:  # unbuilt (an argument that cannot be serialized): unsent
+        _flow.release_unsent(app, [(stepped[3].task_id or "", stepped[3].headers)])
+        raise
     if options.add_to_parent:
         current = _request.current_request()
         if current is not None:

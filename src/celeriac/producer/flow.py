@@ -8,7 +8,8 @@ names it otherwise) is queued or running, ``delay()`` returns that job's
 tied to the message: the worker lets it go as the job starts (``unique_mode=
 "until_started"``) or ends (``"until_finished"``, the default), and when the message is
 redelivered (its worker died) or dropped (revoked, expired, dead-lettered)
-(``worker/limits.py``). A failed publish releases it here. ``"debounce"``: every call is
+(``worker/limits.py``). A failed publish releases it here (``send``; a workflow's
+steps, built or published elsewhere: ``release_unsent``). ``"debounce"``: every call is
 sent, delayed by ``unique_for``, and takes the lock from the one before; a worker runs a
 debounced message only if it still holds the lock as it comes due, so the last call
 within the window runs and the others end ``REVOKED``.
@@ -38,7 +39,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +201,27 @@ def step(app: Celeriac, name: str, args: Sequence[Any] | None,
     return _unique_step(app, name, a, k, options, flow)
 
 
+def release_unsent(app: Celeriac, messages: Iterable[tuple[str, Mapping[str, Any] | None]]
+                   ) -> None:
+    """Let go of the unique locks that steps took for messages never published: each
+    ``(task id, headers)`` whose headers name a lock (``UNIQUE_HEADER``). Released only
+    where that id holds it; a store that cannot be reached now leaves it to lapse after
+    ``unique_for`` (logged): the publish's own error is the one the caller sees."""
+    held = [(spec_[0], task_id) for task_id, headers in messages
+            if isinstance(spec_ := (headers or {}).get(UNIQUE_HEADER), list) and spec_]
+    if not held:
+        return
+    try:
+        store = _store(app, "unique_for")
+        for lock, task_id in held:
+            store.release(lock, task_id)
+            logger.debug("Task [%s] not published: its unique lock %s released", task_id,
+                         lock)
+    except Exception as exc:  # the caller raises the publish's error, not this one
+        logger.warning("Unique locks of %d unpublished task(s) (first [%s]) not released: "
+                       "%r; they lapse after unique_for", len(held), held[0][1], exc)
+
+
 def _in_workflow(options: SendOptions) -> bool:
     """Whether something waits for this send's own id (what follows it, or its group)."""
     embed = options.embed
@@ -335,4 +357,4 @@ def close(app: Celeriac) -> None:
 
 __all__ = ["CONCURRENCY_HEADER", "FAIR_HEADER", "MODES", "UNIQUE_HEADER", "WAIT_TASK", "Spec",
            "applied", "awaited", "check_options", "close", "fair_key", "lock_name",
-           "lock_of_step", "send", "spec", "step", "with_fair"]
+           "lock_of_step", "release_unsent", "send", "spec", "step", "with_fair"]

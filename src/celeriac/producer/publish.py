@@ -148,14 +148,23 @@ def publish_prepared(app: Celeriac, items: Iterable[Outgoing], *, chunk_size: in
         with _retrying(app, retry, retry_policy):
             publish_chunk(app, chunk)
 
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= chunk_size:
+    try:
+        for item in items:
+            chunk.append(item)
+            if len(chunk) >= chunk_size:
+                flush()
+                sent, chunk = sent + len(chunk), []
+        if chunk:
             flush()
-            sent, chunk = sent + len(chunk), []
-    if chunk:
-        flush()
-        sent += len(chunk)
+            sent += len(chunk)
+    except BaseException:
+        # The chunk in hand was not published (a refused publish, or a later item that
+        # could not be prepared): the unique locks its steps took would otherwise keep
+        # the next delay() out until unique_for lapsed. Those of earlier chunks stay:
+        # their messages are in the broker.
+        _flow.release_unsent(app, ((i.message.headers["id"], i.message.headers)
+                                   for i in chunk))
+        raise
     return sent
 
 
@@ -165,7 +174,11 @@ def publish_one(app: Celeriac, queue: str, message: Message, delay: float | None
     hooks = app.hooks
     if hooks:
         hooks.call("before_publish", message, queue)
-    _publish(app, app.publisher, queue, message, delay)
+    try:
+        _publish(app, app.publisher, queue, message, delay)
+    except BaseException:
+        _flow.release_unsent(app, [(message.headers["id"], message.headers)])
+        raise
     if hooks:
         hooks.call("after_publish", message, queue)
 
