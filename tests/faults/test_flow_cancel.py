@@ -1,7 +1,9 @@
 """Cancelling running tasks (issue 29, flow control): ``revoke(terminate=True)`` on the
 threads pool asks a running sync task to stop (``self.is_aborted()``), and it ends
 ``REVOKED``; a revoked chord member, sync or async, makes the chord's body fail with
-``ChordError`` naming it, as Celery's worker does. One threads-pool worker on Redis.
+``ChordError`` naming it, as Celery's worker does. One threads-pool worker on each
+shared store (``tests/integration/flow_stores.py``): Redis; PostgreSQL results with a
+Redis broker; SQLite broker and results.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ from celeriac import Celeriac, chord, states
 from celeriac.errors import ChordError, TaskRevoked
 from celeriac.testing import WorkerProcess, wait_until
 from tests.faults import flow_tasks as ft
-from tests.integration.support import bound, redis_env, workers
+from tests.integration.flow_stores import STORES, store_env
+from tests.integration.support import bound, workers
 
 pytestmark = pytest.mark.slow
 
 NODE = "flowcancel@test"
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[dict[str, str]]:
-    with redis_env("flc", WORKER_LEASE_TIMEOUT=2.0) as e:
+@pytest.fixture(scope="module", params=STORES)
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[dict[str, str]]:
+    with store_env(request.param, "flc", tmp_path_factory.mktemp("db"),
+                   WORKER_LEASE_TIMEOUT=2.0) as e:
         yield e
 
 

@@ -2,7 +2,8 @@
 job's lock (the job runs again once, elsewhere, and a new ``delay()`` is accepted after
 the redelivery), concurrency slots (they come back within its lease) and a task that had
 succeeded (not run again, ``worker_deduplicate_successful_tasks``). Real worker
-processes on a namespace of the shared Redis, lease 2 s.
+processes, lease 2 s, on each shared store (``tests/integration/flow_stores.py``): Redis;
+PostgreSQL results with a Redis broker; SQLite broker and results.
 """
 
 from __future__ import annotations
@@ -18,16 +19,27 @@ from celeriac import Celeriac
 from celeriac.stores import store_for
 from celeriac.testing import wait_until
 from tests.faults import flow_tasks as ft
-from tests.integration.support import Workers, bound, redis_env, workers
+from tests.integration.flow_stores import STORES, store_env
+from tests.integration.support import Workers, bound, workers
 
 pytestmark = pytest.mark.slow
 
 LEASE = 2.0
 
 
+# The class each store kind must give: a guard that each case runs on the store it names.
+STORE_CLASSES = {"redis": "RedisStore", "postgres": "PostgresStore", "sqlite": "SQLiteStore"}
+
+
+@pytest.fixture(params=STORES)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def env() -> Iterator[dict[str, str]]:
-    with redis_env("flf", WORKER_LEASE_TIMEOUT=LEASE, TASK_REDELIVERY_DELAY=0.1) as e:
+def env(kind: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    with store_env(kind, "flf", tmp_path, WORKER_LEASE_TIMEOUT=LEASE,
+                   TASK_REDELIVERY_DELAY=0.1) as e:
         yield e
 
 
@@ -49,7 +61,7 @@ def starts(marks: Path, task_id: str) -> int:
 
 
 def test_kill_9_of_a_worker_holding_a_unique_lock_slots_and_a_task_that_succeeded(
-        app: Celeriac, pool: Workers, tmp_path: Path) -> None:
+        kind: str, app: Celeriac, pool: Workers, tmp_path: Path) -> None:
     """One worker holds all three when it is killed (one kill, one lease to wait out):
     its concurrency slots come back within its lease; the unique job runs again once,
     elsewhere, and a new ``delay()`` is accepted after its redelivery; the task that had
@@ -65,6 +77,7 @@ def test_kill_9_of_a_worker_holding_a_unique_lock_slots_and_a_task_that_succeede
     for _ in range(3):
         ft.per_tenant.delay(str(tmp_path), tenant, 60.0)
     store = store_for(app.settings, "the test")
+    assert type(store).__name__ == STORE_CLASSES[kind]
     try:
         wait_until(lambda: starts(marks, job.id) == 1 and starts(marks, done.id) == 1, 20,
                    message="the unique job and the one that succeeds started")
@@ -78,7 +91,7 @@ def test_kill_9_of_a_worker_holding_a_unique_lock_slots_and_a_task_that_succeede
         back = time.monotonic() - killed
     finally:
         store.close()
-    print(f"\nconcurrency slots of a kill -9'd worker back after {back:.2f}s "
+    print(f"\n{kind}: concurrency slots of a kill -9'd worker back after {back:.2f}s "
           f"(worker_lease_timeout={LEASE}s)")
     assert back < LEASE + 3.0  # the lease, and room for a loaded machine
 
