@@ -84,3 +84,19 @@ def test_read_only_refuses_requeue_and_purge(memory_app: Celeriac) -> None:
             r = post(web, action, {"all": True, "confirm": True}, "any")
             assert r.status_code == 403 and "read-only" in r.json()["error"]
         assert web.get("/api/dead").json()["total"] == 1  # reading is allowed
+
+
+def test_a_broker_without_dead_letters_answers_501_saying_so(
+        memory_app: Celeriac, web: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every broker of ours lists its dead letters: this stands for a third-party one.
+    def none(*args: object) -> None:
+        raise NotImplementedError("no dead-letter store")
+
+    monkeypatch.setattr(memory_app.transport, "dead_letters", none)
+    r = web.get("/api/dead")
+    assert r.status_code == 501
+    assert r.json()["error"] == ("this broker (MemoryTransport) cannot list dead letters: "
+                                 "no dead-letter store")
+    assert web.get("/api/dead/1").status_code == 501
+    r = post(web, "dead_purge", {"all": True, "confirm": True}, token_of(web))
+    assert r.status_code == 501 and "cannot list dead letters" in r.json()["error"]

@@ -17,6 +17,11 @@ The POSTs are actions (``actions.py``): CSRF-checked, refused with ``--read-only
 with who asked. A purge must say ``"confirm": true`` (the page asks first, naming how many
 go): a request that forgot cannot delete anything. The transport's calls are blocking
 and run in a thread.
+
+A broker that has no dead letters to list (a transport raising ``NotImplementedError``
+or ``ConfigurationError``) answers 501, one that fails to give them 503, each with an
+``error`` the page shows in place of the list: never an empty list, which would say
+there are none.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import DecodeError
+from ..errors import ConfigurationError, DecodeError
 from ..serialization import compression
 from .actions import Invalid, _error, _json
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from ..protocol import Message
     from ..transports.base import DeadLetter
     from .actions import Actions
@@ -79,6 +86,24 @@ def _ids(body: dict[str, Any]) -> list[str] | None:
     return ids
 
 
+class Unavailable(Exception):
+    """The broker cannot give its dead letters: the status and the page's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _answering(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """``fn``, its ``Unavailable`` an error the page shows (not a 500 page)."""
+    async def guarded(*args: Any) -> Response:
+        try:
+            return await fn(*args)
+        except Unavailable as exc:
+            return _error(exc.status, str(exc))
+    return guarded
+
+
 class DeadLetters:
     """The dead-letter routes of one dashboard."""
 
@@ -91,9 +116,29 @@ class DeadLetters:
         return self.monitor.app.transport
 
     def routes(self) -> list[Route]:
-        return [Route("/api/dead", self.listing), Route("/api/dead/{id}", self.show),
-                self.actions.route("dead_requeue", self.requeue),
-                self.actions.route("dead_purge", self.purge)]
+        return [Route("/api/dead", _answering(self.listing)),
+                Route("/api/dead/{id}", _answering(self.show)),
+                self.actions.route("dead_requeue", _answering(self.requeue)),
+                self.actions.route("dead_purge", _answering(self.purge))]
+
+    async def _broker(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, a transport's blocking dead-letter call, in a thread."""
+        try:
+            return await asyncio.to_thread(call, *args)
+        except (NotImplementedError, ConfigurationError) as exc:
+            kind = type(self.transport).__name__
+            raise Unavailable(501, f"this broker ({kind}) cannot list dead letters"
+                                   + (f": {exc}" if str(exc) else "")) from exc
+        except Exception as exc:
+            # The page says the broker failed; the traceback is for the operator's log.
+            logger.warning("dead letters: %s failed: %s", getattr(call, "__name__", call),
+                           exc, exc_info=True)
+            raise Unavailable(503, "the broker did not give the dead letters: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+
+    async def _letters(self) -> list[DeadLetter]:
+        letters: list[DeadLetter] = await self._broker(self.transport.dead_letters, MAX_LIMIT)
+        return letters
 
     async def listing(self, request: Request) -> Response:
         try:
@@ -102,12 +147,12 @@ class DeadLetters:
             return _error(400, "limit must be an integer")
         if not 1 <= limit <= MAX_LIMIT:
             return _error(400, f"limit must be between 1 and {MAX_LIMIT}")
-        letters = await asyncio.to_thread(self.transport.dead_letters, MAX_LIMIT)
+        letters = await self._letters()
         return _json({"dead": [summary(d) for d in letters[:limit]], "total": len(letters)})
 
     async def show(self, request: Request) -> Response:
         wanted = request.path_params["id"]
-        letters = await asyncio.to_thread(self.transport.dead_letters, MAX_LIMIT)
+        letters = await self._letters()
         found = next((d for d in letters if str(d.id) == wanted), None)
         if found is None:
             return _error(404, "no such dead letter (requeued or purged?)")
@@ -117,7 +162,7 @@ class DeadLetters:
                       "body": shown_body(m, self.monitor.app.settings.max_message_size)})
 
     async def _find(self, ids: list[str] | None) -> list[int | str]:
-        letters = await asyncio.to_thread(self.transport.dead_letters, MAX_LIMIT)
+        letters = await self._letters()
         if ids is None:
             return [d.id for d in letters]
         known = {str(d.id): d.id for d in letters}
@@ -129,7 +174,7 @@ class DeadLetters:
 
     async def requeue(self, body: dict[str, Any], who: str) -> Response:
         found = await self._find(_ids(body))
-        moved = await asyncio.to_thread(self.transport.requeue_dead, found) if found else 0
+        moved = await self._broker(self.transport.requeue_dead, found) if found else 0
         logger.info("requeued %d dead letter(s), by %s", moved, who)
         return _json({"action": "dead_requeue", "ok": True, "count": moved})
 
@@ -137,9 +182,9 @@ class DeadLetters:
         if body.get("confirm") is not True:
             raise Invalid("confirm", "must be true: a purge deletes for good")
         found = await self._find(_ids(body))
-        removed = await asyncio.to_thread(self.transport.purge_dead, found) if found else 0
+        removed = await self._broker(self.transport.purge_dead, found) if found else 0
         logger.warning("purged %d dead letter(s), by %s", removed, who)
         return _json({"action": "dead_purge", "ok": True, "count": removed})
 
 
-__all__ = ["DeadLetters", "shown_body", "summary"]
+__all__ = ["DeadLetters", "Unavailable", "shown_body", "summary"]

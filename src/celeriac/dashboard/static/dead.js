@@ -2,7 +2,9 @@
 // seconds), one inspected whole, requeue (one, or all) and purge (one, or all: asks first,
 // naming how many). Requeue and purge are actions: hidden when the dashboard is read-only,
 // sent through actions.js's CSRF-protected POST (window.celeriacPost).
-// Everything from the broker is written with textContent, never parsed as HTML.
+// A broker that cannot give its dead letters is said so in #dead-error, the list and its
+// buttons hidden. Everything from the broker is written with textContent, never parsed
+// as HTML.
 "use strict";
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -29,15 +31,25 @@
   async function refresh() {
     try {
       const r = await fetch("api/dead?limit=200", { headers: { Accept: "application/json" }, cache: "no-store" });
-      if (!r.ok) return;
-      const data = await r.json();
+      const data = await r.json().catch(() => ({ error: "HTTP " + r.status }));
+      if (!r.ok) {
+        // Said in place of the list: an empty list would say there are none.
+        letters = [];
+        render(0, data.error || "HTTP " + r.status);
+        return;
+      }
       letters = data.dead;
-      render(data.total);
+      render(data.total, null);
     } catch (err) {
       console.warn(err);
     }
   }
-  function render(total) {
+  function render(total, error) {
+    const panel = $("dead-panel");
+    if (error) panel.dataset.unreadable = "true";
+    else delete panel.dataset.unreadable;
+    $("dead-error").textContent = error ? "Cannot show the dead letters: " + error : "";
+    $("dead-error").hidden = !error;
     const body = $("dead").tBodies[0];
     body.replaceChildren(...letters.map((d) => {
       const tr = el("tr");
@@ -57,7 +69,7 @@
       tr.append(buttons);
       return tr;
     }));
-    $("dead-empty").hidden = letters.length > 0;
+    $("dead-empty").hidden = letters.length > 0 || !!error;
     $("dead-total").textContent = total ? "(" + total + ")" : "";
   }
 
