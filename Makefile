@@ -20,8 +20,13 @@ demo: $(STAMP)
 # Celery's layout, which has no namespace to keep two runs apart.
 SERIAL_TESTS := tests/compat tests/integration/test_kombu_pubsub.py
 
+# Celery's virtualenv for the compatibility tests is made first, outside any test's
+# timeout and before three processes could each start making it (pip from PyPI; without
+# it those tests skip on a user's machine and fail under CI=true).
 test: $(STAMP)
 	@scripts/services.sh
+	@$(PY) -c 'from tests.compat.conftest import _venv; _venv().ensure(timeout=600)' || \
+		echo "no Celery virtualenv: the compatibility tests will say why"
 	$(PY) -m pytest -q -n 3 --dist loadfile $(addprefix --ignore=,$(SERIAL_TESTS)) tests
 	$(PY) -m pytest -q $(SERIAL_TESTS)
 

@@ -189,7 +189,10 @@ def _scenario(store_url: str, tmp_path: Path) -> str:
         wait_for("runs after the restart", lambda: len(ticks()) >= count + 3)
         outages.append((stopped, time.time()))
         beats.stop_all()
-        assert all(p.returncode in (0, -signal.SIGKILL) for p in beats.procs), beats.logs()
+        # -SIGTERM: a beat still importing when stopped (a loaded machine; its log is
+        # empty) dies of the signal's default action before its handler is installed.
+        stopped_codes = (0, -signal.SIGKILL, -signal.SIGTERM)
+        assert all(p.returncode in stopped_codes for p in beats.procs), beats.logs()
     except BaseException:
         beats.stop_all()
         print(beats.logs())

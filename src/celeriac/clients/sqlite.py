@@ -21,6 +21,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -247,6 +248,19 @@ def _exec_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
+_DOORBELLS: weakref.WeakSet[Doorbell] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # A thread of the parent's may have held a doorbell's lock at the fork: the child
+    # would wait on it for ever.
+    for doorbell in list(_DOORBELLS):
+        doorbell._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class Doorbell:
     """Cross-process wake-ups for one database file and one channel."""
 
@@ -256,6 +270,10 @@ class Doorbell:
         self.dir = base / key / channel
         self._sender: socket.socket | None = None
         self._sender_pid = 0
+        # Two threads ringing first at once (a pool's and the loop's) would each make a
+        # sender, and the one overwritten would be left for the collector, unclosed.
+        self._lock = threading.Lock()
+        _DOORBELLS.add(self)
         self._closed = False
         """After ``close``, a ring (a thread still finishing its work) uses a socket of its
         own and closes it: none is left for nobody to close."""
@@ -296,17 +314,21 @@ class Doorbell:
             one_shot = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             one_shot.setblocking(False)
             return one_shot
-        if self._sender is None or self._sender_pid != os.getpid():
-            self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._sender.setblocking(False)
-            self._sender_pid = os.getpid()
-        return self._sender
+        with self._lock:
+            if self._sender is None or self._sender_pid != os.getpid():
+                if self._sender is not None:
+                    self._sender.close()  # our copy of the parent's (a fork): theirs stays
+                self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sender.setblocking(False)
+                self._sender_pid = os.getpid()
+            return self._sender
 
     def close(self) -> None:
-        self._closed = True
-        if self._sender is not None and self._sender_pid == os.getpid():
-            self._sender.close()
-        self._sender = None
+        with self._lock:
+            self._closed = True
+            if self._sender is not None and self._sender_pid == os.getpid():
+                self._sender.close()
+            self._sender = None
 
     # -- listening ----------------------------------------------------------------------
     def listen(self) -> Listener:
