@@ -53,44 +53,56 @@ _MOTO: list[tuple[object, str]] = []
 _MOTO_MAIN = Path(__file__).resolve().parents[1] / "scripts" / "moto_sqs.py"
 
 
-def moto_endpoint() -> str:
-    """The endpoint of moto's SQS server, started once per test process on a free
-    loopback port (``CELERIAC_TEST_SQS_ENDPOINT`` names one already running), stopped when
-    the process exits. Skips (fails under CI) without ``moto[server]``."""
-    given = os.environ.get("CELERIAC_TEST_SQS_ENDPOINT")
-    if given:
-        return given
-    if _MOTO:
-        return _MOTO[0][1]
-    try:
-        import moto.server  # noqa: F401
-    except ImportError as exc:
-        if IN_CI:
-            pytest.fail(f"moto[server] is not installed ({exc}); the dev extra has it")
-        pytest.skip(f"moto[server] is not installed: {exc}")
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """moto's SQS server started on a free loopback port (not waited for), and its
+    endpoint."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, str(_MOTO_MAIN), "-H", "127.0.0.1",
                              "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
 
-    def stop() -> None:
-        proc.terminate()
+
+def stop_moto(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def moto_endpoint() -> str:
+    """The endpoint of moto's SQS server, started once per test process on a free
+    loopback port (``CELERIAC_TEST_SQS_ENDPOINT`` names one already running, as
+    ``tests/conftest.py`` does for pytest-xdist's processes), stopped when the process
+    exits. Skips (fails under CI) without ``moto[server]``."""
+    if _MOTO:
+        return _MOTO[0][1]
+    given = os.environ.get("CELERIAC_TEST_SQS_ENDPOINT")
+    proc = None
+    if given:
+        endpoint = given
+    else:
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-    atexit.register(stop)
+            import moto.server  # noqa: F401
+        except ImportError as exc:
+            if IN_CI:
+                pytest.fail(f"moto[server] is not installed ({exc}); the dev extra has it")
+            pytest.skip(f"moto[server] is not installed: {exc}")
+        proc, endpoint = start_moto()
+        atexit.register(stop_moto, proc)
+    # A server named by the environment may still be starting (tests/conftest.py's).
+    host, _, port = endpoint.rpartition("/")[2].partition(":")
     deadline = time.monotonic() + 30
-    while not reachable("127.0.0.1", port, 0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            pytest.fail(f"moto's server did not start on port {port}")
+    while not reachable(host, int(port or 80), 0.2):
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            if proc is not None:
+                stop_moto(proc)
+            pytest.fail(f"moto's server did not start at {endpoint}")
         time.sleep(0.05)  # sleep-ok: polling the port under the deadline
-    endpoint = f"http://127.0.0.1:{port}"
     _MOTO.append((proc, endpoint))
     _warm_up(endpoint)
     return endpoint

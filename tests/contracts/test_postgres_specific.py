@@ -163,6 +163,7 @@ def _write_many(url: str, prefix: str, count: int) -> None:
     b.close()
 
 
+@pytest.mark.slow  # 1,800 commits from six processes: 5-16 s on a loaded machine
 def test_concurrent_writers_never_slip_past_the_change_feed(url: str, make: Factory) -> None:
     """Writers committing out of ``seq`` order would hide rows from ``wait_for``'s
     cursor: it would then wait out its timeout for results that are stored."""

@@ -17,6 +17,7 @@ import pytest
 from celeriac import Celeriac, Settings
 from celeriac.testing import WorkerProcess
 from celeriac.transports.base import create_transport
+from tests.contracts import test_backend_chord_contract as backend_chord_contract
 from tests.contracts import test_backend_contract as backend_contract
 from tests.contracts import test_transport_contract as transport_contract
 from tests.contracts.conftest import BackendFactory, TransportFactory
@@ -59,7 +60,8 @@ def test_transport_contract(case: Callable[[TransportFactory], None],
 
 
 @pytest.mark.parametrize("case", _cases(backend_contract, "backend")
-                         + _cases(backend_contract, "chords"), ids=lambda f: f.__name__)
+                         + _cases(backend_chord_contract, "chords"),
+                         ids=lambda f: f.__name__)
 def test_backend_contract(case: Callable[[BackendFactory], None],
                           redis_cluster: Cluster) -> None:
     factory = BackendFactory("redis+cluster", redis_cluster.url(f"b{uuid.uuid4().hex[:8]}"))

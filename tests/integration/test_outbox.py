@@ -281,6 +281,7 @@ with transaction.atomic():
 """
 
 
+@pytest.mark.slow  # Django started in a process of its own: 5-8 s on a loaded machine
 def test_django_atomic_blocks(app: Celeriac, database: str) -> None:
     pytest.importorskip("django")
     out = subprocess.run(

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from celeriac import Celeriac
 from celeriac.canvas import chord
 from celeriac.testing import WorkerProcess
 from tests.integration import app_tasks as t
+
+pytestmark = pytest.mark.slow  # real worker processes
 
 
 def test_replace_on_a_prefork_worker(app: Celeriac,
