@@ -195,7 +195,7 @@ def test_chord_state_expires_with_results(chords: BackendFactory) -> None:
     # Stored after the chord parts, so it expires no earlier than they do: once it is
     # gone, so are they.
     short.store("sentinel", states.SUCCESS, 1)
-    wait_until(lambda: short.get("sentinel") is None, 3.0, message="the result expired")
+    wait_until(lambda: short.get("sentinel") is None, 10.0, message="the result expired")
     assert short.get("sentinel") is None, "the result did not expire"
 
     # Expired but not cleaned up yet: the count starts over, the flag is gone.

@@ -31,6 +31,10 @@ database layout also polls every 0.1 s, for Celery's writes, which do not notify
 the bound; ``test_postgres_specific.py`` checks that our writes wake at once.)"""
 SLACK = 0.5
 """How much later than asked a timed wait may return (a loaded machine's scheduling)."""
+EXPIRY_SLACK = 1.5
+"""How much later than its ``result_expires`` a result may still be read: a store and a
+read each take a round trip, which on a loaded machine's PostgreSQL or MySQL can take a
+few hundred milliseconds (a result that never expires fails the wait, not this bound)."""
 EARLY = 0.01
 """Clock granularity allowed when checking that a wait did not end too early."""
 MAX_CPU_SHARE = 0.25
@@ -147,13 +151,13 @@ def test_results_expire_and_cleanup_deletes_them(backend: BackendFactory) -> Non
     short.store("short-2", states.FAILURE, ValueError("x"))
     assert short.get("short-1") is not None and short.get("short-2") is not None
 
-    wait_until(lambda: not short.get_many(["short-1", "short-2"]), 3.0,
+    wait_until(lambda: not short.get_many(["short-1", "short-2"]), 10.0,
                message="the results expired")
     gone_after = time.monotonic() - t0
     assert short.get("short-1") is None, "the result did not expire"
     assert short.get("short-2") is None, "the result did not expire"
     assert gone_after >= 0.2 - EARLY
-    assert gone_after < 0.2 + SLACK
+    assert gone_after < 0.2 + EXPIRY_SLACK
 
     # Where keys expire by themselves and nothing lists them, there is nothing to clean.
     # Where a result has no expiry of its own, the cleaner's setting decides for all.
@@ -250,7 +254,7 @@ def test_store_many_results_expire(backend: BackendFactory) -> None:
     short = backend(result_expires=0.2)
     short.store_many([short.encode(f"e-{n}", states.SUCCESS, n) for n in range(3)])
     assert len(short.get_many([f"e-{n}" for n in range(3)])) == 3
-    wait_until(lambda: not short.get_many([f"e-{n}" for n in range(3)]), 3.0,
+    wait_until(lambda: not short.get_many([f"e-{n}" for n in range(3)]), 10.0,
                message="the results expired")
     assert short.get_many([f"e-{n}" for n in range(3)]) == {}
     assert short.cleanup() == (0 if short.expires_alone else 3)
@@ -378,10 +382,13 @@ def test_wait_for_is_not_disturbed_by_another_thread_reading(backend: BackendFac
                 thread = threading.Thread(target=target)
                 thread.start()
                 thread.join(5)
+            # Timed from here: the reader's first connection (a new thread's) may take a
+            # while on a loaded machine, and the waiter cannot sleep before on_ready ends.
+            stored_at.append(time.monotonic())
 
     got, returned_at, _ = _timed_wait_for(waiter, ["first", "second"], 3.0, on_ready=on_ready)
     assert set(got) == {"first", "second"}
-    assert returned_at - stored_at[0] < WAKE_LATENCY
+    assert returned_at - stored_at[-1] < WAKE_LATENCY
 
 
 def test_wait_for_calls_on_ready_once_per_result(backend: BackendFactory) -> None:
