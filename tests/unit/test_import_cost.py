@@ -162,3 +162,20 @@ for role in ("broker", "backend", "store"):
 assert calls == [], calls
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_worker_leaves_the_cluster_state_to_gossip_and_settings_compare() -> None:
+    # events/__init__ resolves its names when asked (the dispatcher alone for a worker's
+    # or producer's events); Gossip imports the cluster state as it starts.
+    modules = loaded_after("import celeriac.cli.worker, celeriac.worker.gossip, "
+                           "celeriac.worker.steps; from celeriac.events import EventDispatcher")
+    assert heavy_in(modules, ("celeriac.events.state", "celeriac.events.cameras")) == []
+    from celeriac.events import ClusterState, JSONLinesCamera  # still there when asked for
+    from celeriac.settings import Settings
+
+    assert ClusterState.__module__ == "celeriac.events.state" and JSONLinesCamera
+    # Settings' hand-written __eq__/__hash__ behave as dataclass's did.
+    assert Settings() == Settings() and Settings() != Settings(broker_url="memory://")
+    assert Settings().__eq__(object()) is NotImplemented
+    with pytest.raises(TypeError):
+        hash(Settings())  # its dict fields are unhashable, as with dataclass's __hash__

@@ -43,14 +43,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..events import ClusterState, EventReceiver
-from ..events.dispatcher import Event
 from ..stores import store_for
 from .blueprint import Step
 from .globalrate import StoreRunner
 from .heart import Heart
 
 if TYPE_CHECKING:
+    from ..events.dispatcher import Event
     from ..stores import SharedStore
     from .timer import Entry
 
@@ -79,6 +78,10 @@ class LiveSet:
     def __init__(self, me: str, clock: Callable[[], float] = time.time) -> None:
         self.me = me
         self.clock = clock
+        # Imported here, not with the module: the cluster state is a worker's only use of
+        # it, and the step starts after the consumer's first fetch, off the first task's path.
+        from ..events.state import ClusterState
+
         self.state = ClusterState(max_tasks_in_memory=1, clock=clock)
         self._live: set[str] = set()
         # ``live`` may be read from another thread (a hook, the solo pool): it gets an
@@ -153,19 +156,26 @@ class Campaign:
 
 class Gossip(Step):
     requires = (Heart,)
+    live_set: LiveSet
 
     async def start(self) -> None:
         w = self.worker
-        w.gossip = self
-        self.live_set = LiveSet(w.hostname)
         self.ttl = 2 * w.app.settings.worker_heartbeat_interval
         self.campaigns: dict[str, Campaign] = {}
         self.store: SharedStore | None = None
         self.runner = StoreRunner("celeriac-gossip")
         self._round: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
-        self.receiver = EventReceiver(w.app, {"*": self.live_set.event})
+        from ..events.receiver import EventReceiver  # as ClusterState, in LiveSet
+
+        # Events are handed to the live set only by _run, which starts once it is made.
+        self.receiver = EventReceiver(w.app, {"*": lambda event: self.live_set.event(event)})
         await self.receiver.open()  # events sent after this are seen
+        # The live set (the cluster state's import) after that wait, during which the
+        # consumer's first tasks are dispatched: off their path. worker.gossip is set only
+        # now, when ``live`` can be read.
+        self.live_set = LiveSet(w.hostname)
+        w.gossip = self
         self._follow = asyncio.get_running_loop().create_task(self._run())
         self.checks: Entry = w.timer.call_repeatedly(CHECK_INTERVAL, self.live_set.check)
         self.renewals: Entry = w.timer.call_repeatedly(self.ttl / 4, self._campaign)

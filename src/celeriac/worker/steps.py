@@ -10,7 +10,7 @@ from .blueprint import Step
 from .consumer import Consumer
 from .pool import POOLS
 from .pool.base import NullClient, Pool
-from .timer import Timer
+from .timer import Entry, Timer
 
 logger = logging.getLogger("celeriac.worker.steps")
 
@@ -115,18 +115,28 @@ class ConsumerStep(Step):
         self.lease.cancel()
 
 
+FIRST_CLEANUP = 5.0
+"""Seconds after start of the results cleanup's first pass (at most its interval)."""
+
+
 class ResultsCleanup(Step):
-    """Deletes expired results now and then (``result_expires``)."""
+    """Deletes expired results now and then (``result_expires``): every tenth of it (at
+    most 300 s), the first time ``FIRST_CLEANUP`` s after the worker starts."""
 
     requires = (ConsumerStep,)
 
     async def start(self) -> None:
         w = self.worker
         expires = w.app.settings.result_expires
-        self.cleanup = None
+        self.cleanup: Entry | None = None
+        self.first: Entry | None = None
         if expires:
-            self.cleanup = w.timer.call_repeatedly(min(expires / 10, 300.0), self._cleanup,
-                                                   now=True)
+            interval = min(expires / 10, 300.0)
+            self.cleanup = w.timer.call_repeatedly(interval, self._cleanup)
+            if interval > FIRST_CLEANUP:
+                # Not at once: the first pass (a connection of its own, a blocking call on
+                # the loop) would hold up the first tasks, fetched as this step starts.
+                self.first = w.timer.call_after(FIRST_CLEANUP, self._cleanup)
 
     def _cleanup(self) -> None:
         removed = self.worker.app.backend.cleanup()
@@ -134,8 +144,9 @@ class ResultsCleanup(Step):
             logger.info("removed %d expired result(s)", removed)
 
     async def stop(self) -> None:
-        if self.cleanup is not None:
-            self.cleanup.cancel()
+        for entry in (self.first, self.cleanup):
+            if entry is not None:
+                entry.cancel()
 
 
 DEFAULT_STEPS: tuple[type[Step], ...] = (TimerStep, PoolStep, ConsumerStep, ResultsCleanup)
