@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from datetime import datetime, timedelta
@@ -48,6 +49,18 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 logger = logging.getLogger("celeriac.app")
+
+_connecting = threading.RLock()
+"""Held while an app makes a connection: two threads asking first at once (a test's
+``get()``, the solo pool's first task) must not each make one, the loser left unclosed."""
+
+
+def _new_lock() -> None:  # a forked child's own: another thread may have held the parent's
+    global _connecting
+    _connecting = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 class Celeriac:
@@ -243,11 +256,15 @@ class Celeriac:
     # -- connections (per process: a forked child opens its own) -----------------------
     @property
     def transport(self) -> Transport:
-        if self._transport is None or self._pid != os.getpid():
+        transport = self._transport
+        if transport is None or self._pid != os.getpid():
             self.finalize()
-            self._reset_after_fork()
-            self._transport = create_transport(self.settings.broker_url, self.settings)
-        return self._transport
+            with _connecting:
+                self._reset_after_fork()
+                if self._transport is None:
+                    self._transport = create_transport(self.settings.broker_url, self.settings)
+                transport = self._transport
+        return transport
 
     @property
     def publisher(self) -> Publisher:
@@ -258,31 +275,39 @@ class Celeriac:
 
     @property
     def backend(self) -> ResultBackend:
-        if self._backend is None or self._pid != os.getpid():
+        backend = self._backend
+        if backend is None or self._pid != os.getpid():
             self.finalize()
-            self._reset_after_fork()
-            self._backend = create_backend(self.settings.backend_url, self.settings)
-        return self._backend
+            with _connecting:
+                self._reset_after_fork()
+                if self._backend is None:
+                    self._backend = create_backend(self.settings.backend_url, self.settings)
+                backend = self._backend
+        return backend
 
     @property
     def events(self) -> EventDispatcher:
         """This process's dispatcher of producer events (``task-sent``)."""
-        if self._events is None or self._pid != os.getpid():
-            self._reset_after_fork()
+        events = self._events
+        if events is None or self._pid != os.getpid():
             from .events import EventDispatcher  # deferred: see _lazy_services
 
-            self._events = EventDispatcher(self, groups=("task",))
-        return self._events
+            with _connecting:
+                self._reset_after_fork()
+                events = self._events = self._events or EventDispatcher(self, groups=("task",))
+        return events
 
     @property
     def control(self) -> Control:
         """Remote control of the workers (Celery's ``app.control``): ``inspect()``,
         ``ping()``, ``revoke()``, ``rate_limit()``, ``broadcast()``..."""
-        if self._control is None:
+        control = self._control
+        if control is None:
             from .control import Control  # deferred: see _lazy_services
 
-            self._control = Control(self)
-        return self._control
+            with _connecting:
+                control = self._control = self._control or Control(self)
+        return control
 
     def _reset_after_fork(self) -> None:
         if self._pid != os.getpid():

@@ -339,7 +339,11 @@ class SQLiteTransport(Transport):
 
     async def subscribe(self, channel: str) -> Subscription:
         listener = self.broadcast_bell.listen()
-        cursor = self.db.read("SELECT coalesce(max(id), 0) FROM broadcasts")[0][0]
+        try:
+            cursor = self.db.read("SELECT coalesce(max(id), 0) FROM broadcasts")[0][0]
+        except BaseException:
+            listener.close()  # no subscription owns it yet: the caller never sees it
+            raise
         return _SQLiteSubscription(self, channel, listener, int(cursor))
 
     def close(self) -> None:
