@@ -9,6 +9,7 @@ turning while it polls)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -33,10 +34,16 @@ def forget() -> None:
 
 async def until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005,
                 message: str = "condition") -> None:
-    """Return once ``predicate()`` is true; fail the test after ``timeout`` seconds."""
+    """Return once ``predicate()`` is true (awaited, if it returns an awaitable: a
+    transport's call); fail the test after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not predicate():
+
+    async def holds() -> Any:
+        value = predicate()
+        return await value if inspect.isawaitable(value) else value
+
+    while not await holds():
         assert loop.time() < deadline, f"{message} not met within {timeout}s"
         await asyncio.sleep(interval)  # sleep-ok: poll interval under the deadline
 

@@ -5,7 +5,6 @@ feed. Each test uses its own namespace on the shared Redis and deletes its keys 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import logging
@@ -34,7 +33,7 @@ from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
 from tests.contracts import redis_support
 from tests.contracts.redis_support import ids, message
-from tests.loops import run
+from tests.loops import run, until
 from tests.services import IN_CI, reachable, require
 
 # The shared fixtures: a namespace of the test's own, its URL, transports made in it.
@@ -133,12 +132,14 @@ def test_one_heartbeat_returns_all_2000_messages_of_an_expired_consumer(
         await dead.connect("dead")
         assert len(await dead.fetch([Q], 2000, 1.0)) == 2000
         assert producer.queue_length(Q) == 0
-        returned = 0
-        deadline = time.monotonic() + 10
-        while not returned and time.monotonic() < deadline:  # until the 0.2 s lease runs out
-            returned = await live.renew_lease()
-            await asyncio.sleep(0.02)  # sleep-ok: pacing a bounded poll
-        assert returned == 2000
+        renewals: list[int] = []
+
+        async def returned() -> int:  # nothing until the dead one's 0.2 s lease runs out
+            renewals.append(await live.renew_lease())
+            return renewals[-1]
+
+        await until(returned, message="the dead consumer's messages returned")
+        assert renewals[-1] == 2000
         assert producer.queue_length(Q) == 2000
         again = await live.fetch([Q], 2000, 1.0)
         assert ids(again) == [f"id-{n}" for n in range(2000)]

@@ -130,7 +130,6 @@ class KombuRedisTransport(RedisTransport):
         self.conn = Connector(plain, settings, "broker",
                               read_timeout=settings.broker_connection_timeout)
         self._pubsub_denied = False
-        self._sleeper_lane = None  # RedisTransport's idle lane: never opened here
         self._bound: set[str] = set()
         self._topics = {q.name: (q.exchange, q.routing_key)
                         for q in Routing(settings).declared if q.kind == "topic"}

@@ -34,10 +34,11 @@ XRANGE for the result backend).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -68,6 +69,10 @@ class RedisTransport(Transport):
     scheme = "redis"
     fanout = True
 
+    _sleeper_lane: tuple[int, asyncio.AbstractEventLoop, AsyncLane] | None = None
+    """The sleeper's own connection (``wait_ready``): its BLPOP blocks it. A class
+    default, so a subclass that never sleeps here (the kombu layout's) has none to close."""
+
     def __init__(self, url: str, settings: Settings) -> None:
         super().__init__(url, settings)
         configured = [u.strip() for u in settings.broker_url.split(";") if u.strip()]
@@ -90,8 +95,6 @@ class RedisTransport(Transport):
         """From the last turn that fetched: ms until a delayed message is due (-1: none)."""
         self._fanout: dict[str, str] = {}
         """This consumer's fanout queues -> their groups, bound while its lease lasts."""
-        self._sleeper_lane: tuple[int, asyncio.AbstractEventLoop, AsyncLane] | None = None
-        """The sleeper's own connection (``wait_ready``): its BLPOP blocks it."""
         options = self.settings.broker_transport_options or {}
         compact = options.get("compact_messages", True)
         self._compact = str(compact).strip().lower() not in ("false", "0", "no", "off")
@@ -233,8 +236,8 @@ class RedisTransport(Transport):
             return []
         if results and results_namespace is None:
             raise ValueError("settle_and_fetch: results need the result backend's namespace")
-        args: list[Any] = [me, self._lease_ms(), limit if names else 0,
-                           results_namespace or "", len(results), len(batch), FEED_LENGTH]
+        args = self._script_args(me, limit if names else 0, results_namespace or "",
+                                 len(results), len(batch))
         now = time.time()
         for task_id, content_type, data, expires_at in results:
             args += [task_id, encode_value(content_type, data),
@@ -242,23 +245,35 @@ class RedisTransport(Transport):
                      0 if expires_at is None else expires_at]
         args += batch
         args += names
-        failures = self.conn.async_failures
-        try:
+        # Its acks, if the reply is lost, are retried by the caller.
+        with self._reply_may_be_lost(fetches=bool(names)):
             reply = await self.conn.arun("settle_and_fetch", args)
-        except BaseException:
-            # The script may have run and its reply been lost: what it fetched is ours
-            # in Redis; the next fetch gives it back. Its acks are retried by the caller.
-            if names:
-                self._suspect = True
-            raise
-        finally:
-            if names and self.conn.async_failures != failures:
-                self._suspect = True
         self._unacked.clear()
         self._held.difference_update(batch)
         if names:
             self._next_due = int(reply[0])
         return self._deliveries(reply)
+
+    def _script_args(self, me: str, limit: int, results_namespace: str, results: int,
+                     acks: int) -> list[Any]:
+        """settle_and_fetch.lua's leading arguments (its header says what follows)."""
+        return [me, self._lease_ms(), limit, results_namespace, results, acks, FEED_LENGTH]
+
+    @contextlib.contextmanager
+    def _reply_may_be_lost(self, *, fetches: bool) -> Iterator[None]:
+        """Around a script call that may fetch: if it fails, or its connection failed and
+        was retried, the script may have run and its reply been lost. What it fetched is
+        ours in Redis and we never saw it: ``_suspect`` makes the next fetch give it back."""
+        failures = self.conn.async_failures
+        try:
+            yield
+        except BaseException:
+            if fetches:
+                self._suspect = True
+            raise
+        finally:
+            if fetches and self.conn.async_failures != failures:
+                self._suspect = True
 
     async def wait_ready(self, queues: Sequence[str], limit: int, timeout: float
                          ) -> list[Delivery] | None:
@@ -290,17 +305,10 @@ class RedisTransport(Transport):
             return None
         if self._suspect:
             await self._reconcile(me, counted=False)
-        args = [me, self._lease_ms(), limit, "", 0, 0, FEED_LENGTH, *names]
-        failures = self.conn.async_failures
-        try:
+        args = [*self._script_args(me, limit, "", 0, 0), *names]
+        with self._reply_may_be_lost(fetches=True):
             reply = await self.conn.acall(
                 lambda client, ns: self._sleep_then_fetch(client, ns, me, seconds, args))
-        except BaseException:
-            self._suspect = True
-            raise
-        finally:
-            if self.conn.async_failures != failures:
-                self._suspect = True
         if reply is None:
             return None
         self._next_due = int(reply[0])
