@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from idle_path import cpu
+
 HERE = Path(__file__).resolve().parent
 STAMP = "bench.stamp"
 SIDE = os.environ.get("BENCH_LATENCY_SIDE")
@@ -271,13 +273,6 @@ def worker_cpu(side: Side) -> tuple[float, float]:
     proc = getattr(side.worker, "proc", None)
     if proc is None:
         return 0.0, 0.0
-
-    def cpu(pid: int) -> float:
-        total = 0
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        return total / 1e9
 
     try:
         kids: list[int] = []
