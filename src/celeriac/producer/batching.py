@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -78,16 +77,31 @@ class GroupCommit:
 
     def publish(self, items: Sequence[Outgoing]) -> None:
         """Publish ``items`` (one caller's); returns once the broker has stored them."""
-        slot: _Slot | None = None
-        with self._lock:
-            if self._busy:
-                slot = _Slot(items)
-                self._queue.append(slot)
-            else:
-                self._busy = True
-        if slot is None:
-            self._lead(items)
+        lock = self._lock
+        lock.acquire()
+        if not self._busy:
+            self._busy = True
+            lock.release()
+            if self._queue or self._was_crowded:
+                self._lead(items)
+                return
+            # Alone on the wire (the common case: one thread), inline: _lead with
+            # nothing queued. Whoever queues meanwhile is woken by the hand-off.
+            try:
+                self.flush(items)
+                self.round_trips += 1
+                self.messages += len(items)
+            finally:
+                lock.acquire()
+                if self._queue:
+                    self._queue.popleft().settle(_LEAD)
+                else:
+                    self._busy = False
+                lock.release()
             return
+        slot = _Slot(items)
+        self._queue.append(slot)
+        lock.release()
         outcome = self._wait(slot)
         if outcome is None:
             return
@@ -119,15 +133,19 @@ class GroupCommit:
     def _lead(self, items: Sequence[Outgoing]) -> None:
         """Send ``items`` (ours) with everything queued, then hand the lead on and
         settle the callers whose messages went with ours."""
-        with self._lock:
-            taken: list[_Slot] = []
-            size = len(items)
-            while self._queue and size < MAX_BATCH:
-                taken.append(self._queue.popleft())
-                size += len(taken[-1].items)
-        batch = list(items)
-        for slot in taken:
-            batch.extend(slot.items)
+        taken: list[_Slot] = []
+        batch = items
+        # Unlocked, a caller that queues just after this look waits for our _hand_off
+        # and leads the next round trip: the same as if it had come after the lock.
+        if self._queue:
+            with self._lock:
+                size = len(items)
+                while self._queue and size < MAX_BATCH:
+                    taken.append(self._queue.popleft())
+                    size += len(taken[-1].items)
+            batch = list(items)
+            for slot in taken:
+                batch.extend(slot.items)
         error: BaseException | None = None
         # Crowded now, or in the last round trip (its callers will be back at once).
         crowded, self._was_crowded = bool(taken) or self._was_crowded, bool(taken)
@@ -189,11 +207,11 @@ def _own(error: BaseException) -> BaseException:
     return mine
 
 
-_registry: weakref.WeakKeyDictionary[Publisher, GroupCommit | bool] = \
-    weakref.WeakKeyDictionary()
-"""Publisher -> its group commit, or False where there is none (looked up once)."""
-_registry_lock = threading.Lock()
-_registry_pid = os.getpid()
+_ATTRIBUTE = "_celeriac_group_commit"
+"""Where a publisher keeps ``(pid, its GroupCommit or False)``: one attribute read per
+``delay()``, where a registry lookup cost a weak reference."""
+_lock = threading.Lock()
+_lock_pid = os.getpid()
 
 
 def for_publisher(publisher: Publisher) -> GroupCommit | None:
@@ -201,17 +219,19 @@ def for_publisher(publisher: Publisher) -> GroupCommit | None:
     starts afresh: a leader of the parent's would never wake its queue here). None for
     a publisher that is not a broker's (an outbox, a pool child's relay) or lives in
     this process's memory: there is no round trip to share."""
-    global _registry, _registry_lock, _registry_pid
-    if _registry_pid != os.getpid():
-        _registry, _registry_lock = weakref.WeakKeyDictionary(), threading.Lock()
-        _registry_pid = os.getpid()
-    found = _registry.get(publisher)
-    if found is None:
-        with _registry_lock:
-            found = _registry.get(publisher)
-            if found is None:
-                found = _registry[publisher] = _make(publisher)
-    return found if isinstance(found, GroupCommit) else None
+    global _lock, _lock_pid
+    pid = os.getpid()
+    found = getattr(publisher, _ATTRIBUTE, None)
+    if found is None or found[0] != pid:
+        if _lock_pid != pid:  # forked while another thread held it: a fresh one
+            _lock, _lock_pid = threading.Lock(), pid
+        with _lock:
+            found = getattr(publisher, _ATTRIBUTE, None)
+            if found is None or found[0] != pid:
+                found = (pid, _make(publisher))
+                setattr(publisher, _ATTRIBUTE, found)
+    group = found[1]
+    return group if isinstance(group, GroupCommit) else None
 
 
 def _make(publisher: Publisher) -> GroupCommit | bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import result as _result
 from ..errors import ConfigurationError, MessageTooLarge
-from ..protocol import Message, new_id, task_headers, task_properties, utcnow
+from ..protocol import Message, kept_headers, kept_properties, new_id, utcnow
 from ..runtime import request as _request
 from ..serialization import compression as _compression
 from ..transports.base import Outgoing
@@ -74,7 +74,7 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
         body = _compress(name, task_id, body, compression, extra, settings.max_message_size,
                          lenient)
     a_repr, k_repr = _request.args_repr(args, kwargs)
-    h = task_headers(
+    h = kept_headers(
         task=name, task_id=task_id, args_repr=a_repr, kwargs_repr=k_repr, eta=eta,
         expires=absolute_time(o.expires, now), retries=o.retries, time_limit=o.time_limit,
         soft_time_limit=o.soft_time_limit, ignore_result=o.ignore_result,
@@ -89,10 +89,14 @@ def build(app: Celeriac, name: str, args: Sequence[Any] | None,
     if reply_to is None and settings.result_backend is not None \
             and settings.result_backend[:3] == "rpc":
         reply_to = getattr(app.backend, "reply_to", None)
-    properties = task_properties(task_id, priority, reply_to)
+    p = kept_properties(task_id, priority, reply_to)
     if o.app_id is not None:
-        properties["app_id"] = o.app_id
-    message = Message(h, body, content_type, "utf-8", properties)
+        p["app_id"] = o.app_id
+    message = Message.built(h, p, body, content_type)
+    if app.hooks:
+        # Hooks may change the headers in place (before_publish): pack then compares
+        # them anew. (A hook added between here and the publish would be missed.)
+        message = Message(message.headers, body, content_type, "utf-8", message.properties)
     if app.routing.special:  # a fanout group or a topic exchange: maybe a Route
         queue = app.routing.resolve(o.queue, o.exchange, o.routing_key) or app.route(name)
     else:
