@@ -95,13 +95,15 @@ class EventDispatcher:
 
     ``groups``: the groups sent (``None``: all); ``buffer_groups``: those sent in
     batches; both may be changed later. ``transport``: use this one (its owner closes
-    it) instead of making one.
+    it) instead of making one. ``hold``: queue events but start no sender (no thread, no
+    connection) until ``release()`` (or ``close()``): a starting worker's, whose
+    ``worker-online`` then leaves once its first tasks are dispatched.
     """
 
     def __init__(self, app: Celeriac, *, hostname: str | None = None,
                  groups: Iterable[str] | None = None,
                  buffer_groups: Iterable[str] = ("task",), enabled: bool = True,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, hold: bool = False) -> None:
         settings = app.settings
         self.app = app
         self.hostname = hostname or default_hostname()
@@ -133,6 +135,7 @@ class EventDispatcher:
         self._due: float | None = None  # when the oldest waiting event must go (sender's)
         self._dead = False  # a forked child's copy
         self._thread: threading.Thread | None = None
+        self._holding = hold
         self._new_locks()
         self.clock = LamportClock()
         forking.register(self)
@@ -155,8 +158,16 @@ class EventDispatcher:
         self._idle = threading.Condition(self._lock)   # flush() waits on it
         self._stop = threading.Event()                  # cuts a backoff sleep short
 
+    def release(self) -> None:
+        """Start sending (``hold``): the sender thread starts, with what was queued."""
+        with self._lock:
+            self._holding = False
+            if self.enabled:
+                self._start()
+
     def _start(self) -> None:
-        if self._thread is None and not self._dead and not self._closing:
+        if self._thread is None and not self._dead and not self._closing \
+                and not self._holding:
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name=f"celeriac-events-{self.hostname}")
             self._thread.start()
@@ -263,6 +274,8 @@ class EventDispatcher:
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (for up to ``timeout`` s), stop the thread, close the
         transport if it is ours. Later ``send()`` calls return None."""
+        if self._holding:
+            self.release()  # what was held goes now
         with self._lock:
             if self._closing:
                 return

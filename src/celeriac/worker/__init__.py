@@ -139,6 +139,8 @@ class Worker:
             self._install_signals(loop)
         self.app.hooks.call("before_worker_start", self)
         await self.blueprint.start(self)
+        if self.events is not None:
+            self.events.release()  # held by EventsStep until now
         logger.info("%s ready: queues %s, pool %s x%d", self.hostname, ",".join(self.queues),
                     self.pool_name, self.concurrency)
         self.app.hooks.call("after_worker_start", self)

@@ -47,6 +47,7 @@ from ..stores import store_for
 from .blueprint import Step
 from .globalrate import StoreRunner
 from .heart import Heart
+from .steps import ConsumerStep
 
 if TYPE_CHECKING:
     from ..events.dispatcher import Event
@@ -160,6 +161,11 @@ class Gossip(Step):
 
     async def start(self) -> None:
         w = self.worker
+        consuming = w.steps.get(ConsumerStep)
+        if isinstance(consuming, ConsumerStep):
+            # Its start (an import, a transport, a subscription: a few ms of CPU) after
+            # the consumer's first fetch is back and dispatched, not before (issue 30).
+            await consuming.first_turn()
         self.ttl = 2 * w.app.settings.worker_heartbeat_interval
         self.campaigns: dict[str, Campaign] = {}
         self.store: SharedStore | None = None

@@ -37,7 +37,11 @@ class EventsStep(Step):
         w = self.worker
         groups = {g for g, on in (("worker", w.heartbeat), ("task", w.task_events)) if on}
         if groups:
-            w.events = EventDispatcher(w.app, hostname=w.hostname, groups=groups)
+            # Held: its sender (a thread, a connection) starts once every step has
+            # (``Worker.run_async``), after the first tasks are dispatched; worker-online
+            # and what follows wait in its queue, in order, until then (issue 30).
+            w.events = EventDispatcher(w.app, hostname=w.hostname, groups=groups,
+                                       hold=True)
 
     async def stop(self) -> None:
         w = self.worker

@@ -151,7 +151,10 @@ class StateDB(Step):
         self._entries: list[Entry] = []
         read_only = s.worker_remote_control == "read-only"
         if self.store is not None and not read_only:
-            await self.refresh()
+            # The first load on the loop itself: nothing else may run before it (no task
+            # starts until the revoked ids are in), and a thread would cost the start its
+            # creation and two hand-overs (issue 30). Later loads go to a thread.
+            self.load_now()
             self._entries.append(w.timer.call_repeatedly(REFRESH, self.refresh))
         if self.path:
             self._entries.append(w.timer.call_repeatedly(SAVE_EVERY, self.save_if_dirty))
@@ -159,16 +162,32 @@ class StateDB(Step):
         self.revoked.dirty = False
 
     async def refresh(self) -> None:
-        """Load the broker store's revokes when its version moved (a thread: the store
-        is a synchronous client)."""
-        store = self.store
-        assert store is not None
+        """Load the broker store's revokes when its version moved (the read in a
+        thread: the store is a synchronous client; the set is changed on the loop)."""
+        assert self.store is not None
         try:
-            version, items = await asyncio.to_thread(store.load_if_changed, self.version)
+            version, items = await asyncio.to_thread(self.store.load_if_changed,
+                                                     self.version)
         except Exception as exc:
-            if self.version is not None:
-                logger.debug("revoked store unreadable (%s); trying again", exc)
+            self._unreadable(exc)
             return
+        self._apply(version, items)
+
+    def load_now(self) -> None:
+        """``refresh``, the read on the loop itself."""
+        assert self.store is not None
+        try:
+            version, items = self.store.load_if_changed(self.version)
+        except Exception as exc:
+            self._unreadable(exc)
+            return
+        self._apply(version, items)
+
+    def _unreadable(self, exc: Exception) -> None:
+        if self.version is not None:
+            logger.debug("revoked store unreadable (%s); trying again", exc)
+
+    def _apply(self, version: object, items: Mapping[str, float] | None) -> None:
         if items is not None:
             new = self.revoked.update(items)
             if new:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 
@@ -13,6 +15,9 @@ from .pool.base import NullClient, Pool
 from .timer import Entry, Timer
 
 logger = logging.getLogger("celeriac.worker.steps")
+
+FIRST_TURN_WAIT = 0.5
+"""Seconds at most a step that waits for the consumer's first turn waits."""
 
 
 class TimerStep(Step):
@@ -66,6 +71,17 @@ class ConsumerStep(Step):
         """When lease renewal started failing (monotonic), while it fails."""
         self.lease = w.timer.call_repeatedly(max(lease / 4, 0.05), self._renew_lease)
         self.consumer.start()
+
+    async def first_turn(self, timeout: float = FIRST_TURN_WAIT) -> None:
+        """Return once the consumer's first turn with the broker is back and what it
+        fetched dispatched (at most ``timeout`` s): a step that starts later and costs
+        CPU before its first wait (Gossip) then starts off the first tasks' path."""
+        await asyncio.sleep(0)  # the pump, created by start(), begins its turn
+        # The consumer's flag, cleared while a turn is in flight.
+        quiet = self.consumer._quiet
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await quiet.wait()
 
     async def _renew_lease(self) -> None:
         try:
