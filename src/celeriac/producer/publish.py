@@ -39,7 +39,8 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
         current = _request.current_request()
         if current is not None:
             current.add_child(_result.AsyncResult(task_id, app, name))
-    hooks = app.hooks
+    # The builder keeps the compact parts only where there are no hooks: one look.
+    hooks = app.hooks if message.kept is None else None
     if hooks:
         hooks.call("before_publish", message, queue)
     # Inside ``app.transaction(conn)`` the message becomes an outbox row instead.
