@@ -3,13 +3,17 @@ writing our key layout, pika publishing AMQP frames), sent to a real prefork wor
 Redis and on RabbitMQ. For each: it is dead-lettered with a reason and one log line, its
 result is FAILURE where it carries an id (so ``get()`` raises at once), the worker stays
 alive, and a good task sent behind it runs.
+
+One worker per broker takes every case in turn (a worker start per case was most of this
+module's time): each case looks at the dead letters and the log lines it added, and the
+worker that goes on after one bad message goes on after all of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +26,10 @@ from celeriac import Celeriac
 from celeriac.errors import CeleriacError
 from celeriac.protocol import task_headers
 from celeriac.testing import WorkerProcess, wait_until
-from tests.faults.brokers import env, pika_parameters  # noqa: F401 - Redis and RabbitMQ
+from tests.contracts.conftest import _drop_amqp_namespace, _drop_redis_namespace
+from tests.faults.brokers import AMQP_NAMES, pika_parameters
 from tests.integration import app_tasks as t
+from tests.integration.conftest import ROOT
 from tests.services import require
 
 pytestmark = pytest.mark.slow
@@ -156,26 +162,56 @@ def publish_amqp(url: str, task_id: str, bad: Bad) -> None:
         conn.close()
 
 
+@pytest.fixture(scope="module", params=["redis", "amqp"])
+def env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """``tests.faults.brokers.env`` for the module: one namespace per broker on the shared
+    Redis or RabbitMQ (results on Redis), what the cases made deleted after the last."""
+    ns = f"f{uuid.uuid4().hex[:12]}"
+    results = f"{require('redis')}?namespace={ns}"
+    broker = results if request.param == "redis" else f"{require('rabbitmq')}?namespace={ns}"
+    yield {"CELERIAC_BROKER_URL": broker, "CELERIAC_RESULT_BACKEND": results,
+           "CELERIAC_WORKER_LEASE_TIMEOUT": "1.0", "PYTHONPATH": str(ROOT)}
+    _drop_redis_namespace(results)
+    if request.param == "amqp":
+        _drop_amqp_namespace(broker, AMQP_NAMES, AMQP_NAMES[:2])
+
+
+@pytest.fixture(scope="module")
+def worker(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[WorkerProcess]:
+    """The real prefork worker every case of this broker is sent to."""
+    w = WorkerProcess("tests.integration.app_tasks", "-c", "2",
+                      env={**env, "CELERIAC_MAX_MESSAGE_SIZE": str(LIMIT)},
+                      cwd=str(tmp_path_factory.mktemp("worker")))
+    try:
+        yield w.start()
+    finally:
+        w.kill()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_malformed_message_is_dead_lettered_and_the_worker_goes_on(
-        env: dict[str, str], app: Celeriac, start_worker: Callable[..., WorkerProcess],  # noqa: F811
-        case: str) -> None:
+        env: dict[str, str], app: Celeriac, worker: WorkerProcess, case: str) -> None:
     bad = CASES[case]
     broker = "redis" if env["CELERIAC_BROKER_URL"].startswith("redis") else "amqp"
     if broker == "redis":
         bad = dataclasses.replace(bad, **bad.on_redis)
     if broker not in bad.brokers:
         pytest.skip(f"{case} cannot be sent over {broker}")
-    w = start_worker("-c", "2", extra_env={"CELERIAC_MAX_MESSAGE_SIZE": str(LIMIT)})
+    w = worker
     assert t.add.delay(0, 1).get(timeout=15) == 1  # declared its queue, up and running
+    # What the cases before this one left: dead letters, and log lines (each case waited
+    # for its own dead-letter line, so none of theirs comes after this mark).
+    before = {d.id for d in app.transport.dead_letters(1000)}
+    mark = len(w.log)
     task_id = f"bad-{uuid.uuid4()}"
     publish = publish_redis if broker == "redis" else publish_amqp
     publish(env["CELERIAC_BROKER_URL"], task_id, bad)
     good = t.add.delay(2, 2)
     assert good.get(timeout=15) == 4  # the good task behind it runs
 
-    dead = wait_until(lambda: [d for d in app.transport.dead_letters(1000)], 10,
-                      message="a dead letter")
+    dead = wait_until(lambda: [d for d in app.transport.dead_letters(1000)
+                               if d.id not in before], 10, message="a dead letter")
     assert len(dead) == 1, dead
     assert bad.reason in dead[0].reason, dead[0].reason
     assert dead[0].message.body == bad.body  # the original, byte for byte
@@ -191,7 +227,7 @@ def test_malformed_message_is_dead_lettered_and_the_worker_goes_on(
 
     assert w.proc is not None and w.proc.poll() is None
     # The worker's log reaches its file a moment after the broker saw the dead letter.
-    wait_until(lambda: "dead-letter" in w.log, 10, message="the dead-letter log line")
-    lines = [line for line in w.log.splitlines() if "dead-letter" in line]
-    assert len(lines) == 1, w.log
+    wait_until(lambda: "dead-letter" in w.log[mark:], 10, message="the dead-letter log line")
+    lines = [line for line in w.log[mark:].splitlines() if "dead-letter" in line]
+    assert len(lines) == 1, w.log[mark:]
     assert "Traceback" not in w.log, w.log

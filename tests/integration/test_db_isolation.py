@@ -4,8 +4,9 @@ command each other's workers: remote control (``inspect ping``, a broadcast comm
 see their own database only. Redis pub/sub is server-wide, so this holds only because
 broadcast channels name the database (``Endpoint.channel``).
 
-Databases 8 and 9, each test run under a namespace of its own (the same on both, so the
-namespace alone cannot keep them apart).
+Databases 1 and 3 (no other test's: ``make test`` runs the compatibility tests, which
+flush theirs, beside this one), each test run under a namespace of its own (the same on
+both, so the namespace alone cannot keep them apart).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration.support import ROOT
 from tests.services import require
 
-DBS = (8, 9)
+DBS = (1, 3)
 MODULE = "tests.integration.app_tasks"
 
 
