@@ -14,6 +14,11 @@ thread over the timed part (it slows the worker: read its counts, not its times)
 
     python bench/idle_path.py rt --n 400
     python bench/idle_path.py paced --rate 300 --seconds 5
+    python bench/idle_path.py drain --n 20000
+
+``drain``: the busy path for comparison, ``bench/run.py``'s I/O drain (one INCR per task,
+no result) of preloaded tasks, per task between 10% and 90% done. ``caller_us`` (``rt``):
+the CPU of this process, which calls ``delay().get()``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ if os.environ.get("BENCH_IDLE_URL"):  # the worker's side: ``-A idle_path``
     @app.task(name="idle.noop")
     def noop() -> None:
         return None
+
+    @app.task(name="idle.io", ignore_result=True)
+    def io(key: str) -> None:
+        global _io
+        if _io is None:
+            import redis
+
+            _io = redis.Redis.from_url(_url.split("?")[0])
+        _io.incr(key)
+
+    @app.task(name="idle.io_stored")
+    def io_stored(key: str) -> None:
+        io(key)
 
     @app.task(name="idle.stamp", ignore_result=True)
     def stamp(sent_at: float, key: str) -> None:
@@ -99,6 +117,9 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
 
     admin = redis.Redis(port=port)
     redis_pid = int(admin.info("server")["process_id"])
+    if opts.mode == "drain":
+        key = f"io:{uuid.uuid4().hex}"
+        (side.io_stored if opts.results else side.io).delay_many([(key,)] * opts.n)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     with open(workdir / "worker.log", "ab") as log:
@@ -107,6 +128,8 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
              "-c", "2", "-l", "warning", "--without-heartbeat", "--without-gossip",
              "--without-mingle"], env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
+        if opts.mode == "drain":
+            return drain(opts, worker, admin, redis_pid, key)
         side.noop.delay().get(timeout=60)
         pids = [worker.pid, *children(worker.pid), redis_pid]
         key = f"stamps:{uuid.uuid4().hex}"
@@ -119,13 +142,15 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
             time.sleep(1.0)  # attached
         admin.config_resetstat()
         before = [cpu(p) for p in pids] + [switches(worker.pid)]
+        caller = time.process_time()
         if opts.mode == "rt":
             n, waits = opts.n, []
             for _ in range(n):
                 t = time.perf_counter()
                 side.noop.delay().get(timeout=10)
                 waits.append(time.perf_counter() - t)
-                time.sleep(0.002)  # idle again: the worker goes back to its BLPOP
+                if opts.pause:
+                    time.sleep(opts.pause)  # sleep-ok: idle again, the worker in its BLPOP
         else:
             n = int(opts.rate * opts.seconds)
             start = time.perf_counter() + 0.05
@@ -141,6 +166,7 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
             waits = [float(x) for x in io.lrange(key, 0, -1)]
             io.delete(key)
         after = [cpu(p) for p in pids] + [switches(worker.pid)]
+        caller = time.process_time() - caller
         if tracer is not None:
             tracer.send_signal(signal.SIGINT)
             tracer.wait()
@@ -153,17 +179,54 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
     return {"tasks": n, "p50_ms": waits[len(waits) // 2] * 1e3,
             "p99_ms": waits[int(len(waits) * 0.99)] * 1e3,
             "main_us": per[0] * 1e6, "children_us": sum(per[1:-2]) * 1e6,
-            "redis_us": per[-2] * 1e6, "main_switches": per[-1],
+            "redis_us": per[-2] * 1e6, "caller_us": caller / n * 1e6,
+            "main_switches": per[-1],
             **{name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) / n
                for name in COUNTED},
+            "load": float(open("/proc/loadavg").read().split()[0])}
+
+
+def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
+          redis_pid: int, key: str) -> dict[str, Any]:
+    """The I/O drain of ``opts.n`` preloaded tasks (one INCR each, no result), measured
+    between 10% and 90% done: past the worker's start, before the tail."""
+    n = opts.n
+
+    def done() -> int:
+        return int(admin.get(key) or 0)
+
+    deadline = time.monotonic() + 300
+    marks: list[tuple[float, list[float], int]] = []
+    calls: list[int] = []
+    for frac in (0.1, 0.9):
+        while done() < n * frac:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"drain stuck at {done()} of {n}")
+            time.sleep(0.002)
+        pids = [worker.pid, *children(worker.pid), redis_pid]
+        marks.append((time.perf_counter(), [cpu(p) for p in pids] + [switches(worker.pid)],
+                      done()))
+        calls.append(int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)))
+    (t0, before, d0), (t1, after, d1) = marks
+    count = d1 - d0
+    per = [(a - b) / count for a, b in zip(after, before, strict=True)]
+    return {"tasks": count, "rate": count / (t1 - t0), "main_us": per[0] * 1e6,
+            "children_us": sum(per[1:-2]) * 1e6, "redis_us": per[-2] * 1e6,
+            "main_switches": per[-1], "evalsha": (calls[1] - calls[0]) / count,
             "load": float(open("/proc/loadavg").read().split()[0])}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["rt", "paced"])
-    parser.add_argument("--n", type=int, default=400, help="rt: round trips (default 400)")
+    parser.add_argument("mode", choices=["rt", "paced", "drain"])
+    parser.add_argument("--n", type=int, default=400,
+                        help="rt: round trips (default 400); drain: tasks (use 20000)")
+    parser.add_argument("--pause", type=float, default=0.002,
+                        help="rt: seconds between round trips (0: back to back, as "
+                             "bench/run.py's round trip)")
+    parser.add_argument("--results", action="store_true",
+                        help="drain: the task's result is stored (as the no-op drain's)")
     parser.add_argument("--rate", type=float, default=300.0, help="paced: tasks/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="paced: seconds")
     parser.add_argument("--strace", help="write strace -c of the main process here")

@@ -95,6 +95,10 @@ def test_storm_guard_counts_only_children_that_die_with_nothing_running(
     # The replacement runs a task, then dies idle: that one counts, and is one too many.
     idle = tmp_path / "idle"
     assert t.sleep.delay(0, str(idle)).get(timeout=15) == 0
+    # On an idle worker the child stores the result and acks before it reports DONE:
+    # wait for that report, so that the child is idle in the worker's books.
+    wait_until(lambda: (a := app.control.inspect(timeout=1).active()) and not any(a.values()),
+               15)
     third = int(idle.read_text())
     os.kill(third, signal.SIGKILL)
     assert w.wait(15) == 1

@@ -267,9 +267,9 @@ class ResultBackend(abc.ABC):
         deadline = None if timeout is None else time.monotonic() + timeout
         # The cursor is taken before the first full read, so a result written during it
         # shows up in the next change set: nothing falls between the two.
-        cursor = self._cursor()
+        cursor, read = self._cursor_and_read(list(pending)) if len(pending) <= DIRECT_READ \
+            else (self._cursor(), None)
         candidates: list[str] | set[str] = pending
-        read: dict[str, tuple[str, bytes]] | None = None
         while True:
             self._collect(candidates, pending, done, on_ready, read)
             if not pending:
@@ -312,6 +312,12 @@ class ResultBackend(abc.ABC):
                     done[tid] = meta
                     if on_ready:
                         on_ready(meta)
+
+    def _cursor_and_read(self, task_ids: Sequence[str]
+                         ) -> tuple[int | None, dict[str, tuple[str, bytes]] | None]:
+        """``_cursor()``, then ``_get(task_ids)`` if the backend can do both in one round
+        trip (None: the caller reads)."""
+        return self._cursor(), None
 
     def _wait_read(self, timeout: float, task_ids: Sequence[str]
                    ) -> dict[str, tuple[str, bytes]] | None:

@@ -125,6 +125,21 @@ class Transport(Publisher):
         backend keeps them on this broker's server); None: the caller stores them."""
         return None
 
+    def direct_settle(self, backend: ResultBackend) -> tuple[str, ...] | None:
+        """What a pool child needs, with a message's tag, to store its task's result and
+        ack the message itself (``settle_here``) on an idle worker; None (the default):
+        only the worker settles."""
+        return None
+
+    def settle_here(self, settle: Sequence[str], stored: Stored | None) -> None:
+        """In a pool child: store ``stored`` and ack the message ``settle`` names (from
+        ``direct_settle``), in one attempt; raises if it may not have run (the worker then
+        settles as usual). Only transports whose ``direct_settle`` answers have it."""
+        raise NotImplementedError(f"{type(self).__name__} settles in the worker only")
+
+    def settled_elsewhere(self, deliveries: Sequence[Delivery]) -> None:
+        """``deliveries`` were settled by a pool child (``settle_here``): forget them."""
+
     async def settle_and_fetch(self, acks: Sequence[Delivery], results: Sequence[Stored],
                        results_namespace: str | None, queues: Sequence[str], limit: int
                        ) -> list[Delivery]:

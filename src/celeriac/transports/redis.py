@@ -109,9 +109,11 @@ class RedisTransport(Transport):
     def publish_many(self, items: Sequence[Outgoing]) -> None:
         if not items:
             return
-        for item in items:
+        fanout = False
+        for item in items:  # one pass, no generator: this runs for every delay()
             self.check_size(item.message)
-        if any(item.fanout for item in items):
+            fanout = fanout or item.fanout
+        if fanout:
             self._publish_fanout([i for i in items if i.fanout])
             items = [i for i in items if not i.fanout]
             if not items:
@@ -253,6 +255,39 @@ class RedisTransport(Transport):
         if names:
             self._next_due = int(reply[0])
         return self._deliveries(reply)
+
+    def direct_settle(self, backend: ResultBackend) -> tuple[str, str] | None:
+        """What a pool child needs, with a message's tag, to settle that message itself
+        (``settle_here``): this consumer's id and the results' namespace. None where it
+        cannot: results kept elsewhere than this server and database, TLS or Sentinel
+        (``Connector.can_run_once``), or a subclass that settles otherwise (a Cluster's
+        per-slot calls, the kombu layout)."""
+        if type(self).settle_and_fetch is not RedisTransport.settle_and_fetch \
+                or self.consumer_id is None or not self.conn.can_run_once():
+            return None
+        namespace = self.results_namespace(backend)
+        return None if namespace is None else (self.consumer_id, namespace)
+
+    def settle_here(self, settle: Sequence[str], stored: Stored | None) -> None:
+        """In the process that ran a task (a pool child of the consumer ``settle`` names,
+        from ``direct_settle`` and the message's tag): store its result and ack its
+        message in one script, as ``settle_and_fetch`` does for the worker, results
+        first. One attempt; raises ``OperationalError`` if it may not have run, and the
+        worker settles the message as usual then (a repeat is harmless: a store
+        overwrites, an ack of a message no longer owned does nothing)."""
+        me, namespace, tag = settle
+        args = self._script_args(me, 0, namespace, 0 if stored is None else 1, 1)
+        if stored is not None:
+            task_id, content_type, data, expires_at = stored
+            args += [task_id, encode_value(content_type, data),
+                     0 if expires_at is None else expiry_ms(expires_at, time.time()),
+                     0 if expires_at is None else expires_at]
+        args.append(tag)
+        self.conn.run_once("settle_and_fetch", args)
+
+    def settled_elsewhere(self, deliveries: Sequence[Delivery]) -> None:
+        """Messages a pool child settled (``settle_here``): no longer held here."""
+        self._held.difference_update(d.tag for d in deliveries)
 
     def _script_args(self, me: str, limit: int, results_namespace: str, results: int,
                      acks: int) -> list[Any]:

@@ -38,9 +38,8 @@ from .. import states
 from ..clients.net import backoff
 from ..errors import BrokerError, CeleriacError, ControlError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
-from ..tasks import Request
 from .admission import Admission, Refusal, result_id
-from .execute import Job, Outcome, exception_repr
+from .execute import Job, Outcome, exception_repr, received_request
 from .limits import FlowControl, wanted
 from .ratelimit import RateLimiter
 from .revoking import revoked_on_arrival
@@ -99,8 +98,7 @@ class Consumer:
         self.events = (TaskEvents(worker.events, self.app.settings.events_hide_args)
                        if worker.events is not None and worker.task_events else None)
         self._wake = asyncio.Event()
-        self._quiet = asyncio.Event()
-        """Set while no turn is in flight."""
+        self._quiet = asyncio.Event()  # set while no turn is in flight
         self._quiet.set()
         self._pending: set[asyncio.Task[Any]] = set()
         self._pump: asyncio.Task[None] | None = None
@@ -110,8 +108,7 @@ class Consumer:
         """The last fetch came back short: the next one waits in the broker (sleeper)."""
         self._closing = False
         self._failures = 0
-        self._lingering: float | None = None
-        """When the pump began holding what is waiting to be settled (``_linger``)."""
+        self._lingering: float | None = None  # when the pump began holding (``_linger``)
         self._executor: ThreadPoolExecutor | None = None
         self.admission = Admission(self.app)
         # Parses every task's rate limit now: a bad one stops the worker at its start.
@@ -129,6 +126,7 @@ class Consumer:
         """Revoked ids to kill as they start (revoke terminate=True found them queued)."""
         self.totals: Counter[str] = Counter()
         """Tasks finished, by name (``inspect stats``)."""
+        self._direct: tuple[str, ...] | None = None  # see _direct_settle
 
     @property
     def prefetch_limit(self) -> int:
@@ -150,11 +148,19 @@ class Consumer:
     def start(self) -> None:
         self.pool.attach(self)
         self.loop = asyncio.get_running_loop()
+        self._direct_settle()
         if self.events is not None:
             self.events.loop = self.loop
         self._fetching = True
         self._pump = self.loop.create_task(self._run_pump())
         self._pump.add_done_callback(self._ended)
+
+    def _direct_settle(self) -> None:
+        """On an idle worker a pool child settles its job's message itself (``Job.settle``;
+        ``_on_delivery`` decides per job), where the pool can (prefork) and the transport
+        keeps the results on its own server (Redis)."""
+        if getattr(self.pool, "settles_direct", False):
+            self._direct = self.transport.direct_settle(self.app.backend)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         # The pump and the sleeper handle what they expect. Anything else that ends one
@@ -231,9 +237,10 @@ class Consumer:
         self._quiet.set()
 
     # -- the pump -------------------------------------------------------------------------
-    def _want(self) -> int:
-        """How many messages to fetch now: 0 above the low-water mark."""
-        if not self._fetching or self._sleeper is not None:
+    def _want(self, sleeping: bool = False) -> int:
+        """How many messages to fetch now: 0 above the low-water mark (or while the
+        sleeper waits, unless it is the one asking)."""
+        if not self._fetching or (self._sleeper is not None and not sleeping):
             return 0
         limit = self.prefetch_limit
         # Held rate-limited messages do not count (up to a bound): they must not stop
@@ -307,10 +314,8 @@ class Consumer:
 
     async def _linger(self, pending: int) -> bool:
         """Wait a moment for more to settle, when more is about to finish: True if it
-        waited (the caller looks again). Without it, a busy worker settled about two
-        tasks per broker call (each call a script run and a loopback round trip); with
-        it, batches grow with the load. A lone task is settled at once: nothing else
-        is running, so nothing is worth waiting for."""
+        waited. Without it a busy worker settled about two tasks per broker call; with
+        it batches grow with the load. A lone task is settled at once."""
         if self._closing or pending >= LINGER_BATCH:
             return False
         in_pool = len(self.deliveries) - len(self.reserved) - self.limiter.held
@@ -360,20 +365,24 @@ class Consumer:
     async def _sleep(self, limit: int) -> None:
         """Wait in the broker for messages (the queues were empty when last fetched)."""
         try:
-            try:
-                got = await self.transport.wait_ready(self.queues, limit, FETCH_TIMEOUT)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # Still the sleeper while it backs off: no second one starts meanwhile.
-                await self._failed("fetching from the broker", exc)
-                return
-            self._restored()
-            # None: it only waited; the next turn fetches what woke it.
-            batch = got or []
-            self._drained = got is not None and len(batch) < limit
-            if batch:
-                self._ingest(batch)
+            while limit:
+                try:
+                    got = await self.transport.wait_ready(self.queues, limit, FETCH_TIMEOUT)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # Still the sleeper while it backs off: no second one starts meanwhile.
+                    await self._failed("fetching from the broker", exc)
+                    return
+                self._restored()
+                # None: it only waited; the next turn fetches what woke it.
+                batch = got or []
+                self._drained = got is not None and len(batch) < limit
+                if batch:
+                    self._ingest(batch)
+                # Still short: wait again from here, as the pump would after one more
+                # wake-up of its own (an idle worker's every task); else the pump fetches.
+                limit = self._want(sleeping=True) if self._drained else 0
         finally:
             self._sleeper = None
             self._wake.set()
@@ -451,14 +460,20 @@ class Consumer:
             self._acks.append(d)
             return self._wake.set()
         self._next_seq += 1
+        # The queues ran dry and fewer are in hand than children: nothing to batch its
+        # settling with (a drain's fetches come back full), so the child settles it.
+        settle = (*self._direct, d.tag) if self._direct and self._drained and len(
+            self.deliveries) < self.pool.concurrency and self.app.tasks[name].acks_late \
+            else None
         job = Job(self._next_seq, headers, d.message.body, d.message.content_type, d.queue,
-                  d.delivery_count, self.worker.hostname, d.message.properties or None)
+                  d.delivery_count, self.worker.hostname, d.message.properties or None,
+                  settle)
         self.deliveries[job.seq] = d
         self.reserved.append(job)
         if events is not None:
             events.received(headers, d.queue)
         if self.app.hooks:
-            self.app.hooks.call("task_received", _request(d, self.worker.hostname))
+            self.app.hooks.call("task_received", received_request(d, self.worker.hostname))
         return None
 
     def _revoke_expired(self, d: Delivery, name: str, task_id: str, expires: object) -> None:
@@ -490,7 +505,7 @@ class Consumer:
                 event["reason"], event["expired"] = reason, False
             self._finals.append(event)
         if self.app.hooks:
-            self.app.hooks.call("task_revoked", _request(d, self.worker.hostname), expired)
+            self.app.hooks.call("task_revoked", received_request(d, self.worker.hostname), expired)
         self._wake.set()
 
     def revoke_waiting(self, ids: set[str] | None = None) -> int:
@@ -609,30 +624,41 @@ class Consumer:
         if self.flow is not None:
             self.flow.finished(job, outcome)
         if self.events is not None:
-            final = self.events.outcome(job.headers["id"], outcome)
-            if final is None and outcome.state == states.REVOKED:
-                final = {**self.events.expired(job.headers["id"]), "expired": False,
-                         "reason": outcome.reason, "terminated": True}
-            if final is not None:
-                self._finals.append(final)
-        if delivery is not None:
-            action = outcome.action
-            if action == "ack":
-                task = self.app.tasks.get(job.headers["task"])
-                if task is None or task.acks_late:
-                    self._acks.append(delivery)
-            elif action == "dead_letter":
-                self._after.append((delivery, outcome.reason or "rejected"))
-            else:
-                # A requeue with a reason is a loss (its process died): it waits a while,
-                # longer with each loss, so a task that kills its process every time
-                # cannot spin the pool. A task's own Reject(requeue=True) goes back now.
-                delay = self._redelivery_delay(delivery.delivery_count) if outcome.reason \
-                    else 0.0
-                self._spawn(self.transport.requeue([delivery], redelivered=True,
-                                                   delay=delay))
+            self._final_event(self.events, job, outcome)
+        if outcome.settled:  # the child stored the result and acked (``Job.settle``)
+            if delivery is not None:
+                self.transport.settled_elsewhere([delivery])
+        elif delivery is not None:
+            self._settle_later(job, delivery, outcome)
         self._dispatch()
-        self._wake.set()
+        if not outcome.settled or self._sleeper is None:
+            # (Settled while the sleeper waits: nothing new for the pump to do.)
+            self._wake.set()
+
+    def _settle_later(self, job: Job, delivery: Delivery, outcome: Outcome) -> None:
+        """Queue the message's settling as ``outcome`` says, for the pump's next turn."""
+        action = outcome.action
+        if action == "ack":
+            task = self.app.tasks.get(job.headers["task"])
+            if task is None or task.acks_late:
+                self._acks.append(delivery)
+        elif action == "dead_letter":
+            self._after.append((delivery, outcome.reason or "rejected"))
+        else:
+            # A requeue with a reason is a loss (its process died): it waits a while,
+            # longer with each loss, so a task that kills its process every time
+            # cannot spin the pool. A task's own Reject(requeue=True) goes back now.
+            delay = self._redelivery_delay(delivery.delivery_count) if outcome.reason \
+                else 0.0
+            self._spawn(self.transport.requeue([delivery], redelivered=True, delay=delay))
+
+    def _final_event(self, events: TaskEvents, job: Job, outcome: Outcome) -> None:
+        final = events.outcome(job.headers["id"], outcome)  # sent once the result is stored
+        if final is None and outcome.state == states.REVOKED:
+            final = {**events.expired(job.headers["id"]), "expired": False,
+                     "reason": outcome.reason, "terminated": True}
+        if final is not None:
+            events.put(final) if outcome.settled else self._finals.append(final)
 
     def _redelivery_delay(self, losses: int) -> float:
         base: float = self.app.settings.task_redelivery_delay
@@ -669,13 +695,3 @@ class Consumer:
         if not task.cancelled() and task.exception() is not None:
             logger.error("broker operation failed", exc_info=task.exception())
 
-
-def _request(d: Delivery, hostname: str) -> Request:
-    """What the main process knows of a task for hooks: its headers (the arguments are
-    decoded only where it runs)."""
-    h = d.message.headers
-    return Request(id=h["id"], task=h["task"], retries=int(h.get("retries") or 0),
-                   eta=h.get("eta"), expires=h.get("expires"), root_id=h.get("root_id"),
-                   parent_id=h.get("parent_id"), group=h.get("group"), hostname=hostname,
-                   delivery_info={"queue": d.queue, "delivery_count": d.delivery_count},
-                   headers=h, called_directly=False)

@@ -21,7 +21,7 @@ from .. import serialization, states
 from ..backends.base import Stored
 from ..canvas import followups
 from ..errors import DecodeError, Ignore, Reject, Retry, TimeLimitExceeded
-from ..protocol import decode_body
+from ..protocol import Delivery, decode_body
 from ..result import AsyncResult, GroupResult
 from ..runtime.aio import run_sync
 from ..runtime.request import Request, short_repr
@@ -64,6 +64,10 @@ class Job:
     properties: dict[str, Any] | None = None
     """The message's properties (``priority``, ``app_id``...): the request's
     ``properties`` and ``delivery_info["priority"]``."""
+    settle: tuple[str, ...] | None = None
+    """Set on an idle worker: what a pool child needs to store the result and
+    acknowledge the message itself, in one broker call, before it reports
+    (``Transport.direct_settle``); the report then says so (``Outcome.settled``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,9 @@ class Outcome:
     """The result to store before the message is settled; None: nothing to store."""
     shown: Shown | None = None
     """For task events (only when they are on): the result's or the exception's repr."""
+    settled: bool = False
+    """The process that ran it stored the result and acknowledged the message already
+    (``Job.settle``): the main process has nothing left to send to the broker."""
 
 
 Ran = tuple[str | None, Any, Action, str | None]
@@ -422,3 +429,14 @@ def _log(name: str, task_id: str, state: str | None, retval: Any, runtime: float
                      type(retval).__name__, retval,
                      exc_info=(type(retval), retval, retval.__traceback__)
                      if logger.isEnabledFor(logging.DEBUG) else None)
+
+
+def received_request(d: Delivery, hostname: str) -> Request:
+    """What the main process knows of a task for hooks: its headers (the arguments are
+    decoded only where it runs)."""
+    h = d.message.headers
+    return Request(id=h["id"], task=h["task"], retries=int(h.get("retries") or 0),
+                   eta=h.get("eta"), expires=h.get("expires"), root_id=h.get("root_id"),
+                   parent_id=h.get("parent_id"), group=h.get("group"), hostname=hostname,
+                   delivery_info={"queue": d.queue, "delivery_count": d.delivery_count},
+                   headers=h, called_directly=False)

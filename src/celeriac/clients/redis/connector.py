@@ -265,6 +265,30 @@ class Connector:
 
         return self.call(op)
 
+    def can_run_once(self) -> bool:
+        """Whether ``run_once`` can work here: one server, no TLS."""
+        endpoint = self.endpoint
+        return endpoint.sentinels is None and lane_params(endpoint.url) is not None
+
+    def run_once(self, name: str, args: Sequence[Any]) -> Any:
+        """Script ``name`` with ARGV = [namespace, *args] over this thread's lane, one
+        attempt: no retries, no failover (the caller has another way; a worker's pool
+        child settling a message, ``RedisTransport.settle_here``). It waits for the
+        reply without spinning. Raises ``OperationalError`` on any failure, also where
+        there is no lane (TLS) or the server is behind sentinels."""
+        try:
+            if self.endpoint.sentinels is not None:
+                raise OperationalError("run_once: not behind sentinels")
+            self._check_pid()
+            lane = self._sync_lane()
+            if lane is None:
+                raise OperationalError("run_once: no lane (TLS)")
+            lane.spin = False
+            return lane.evalsha(script_sha(name), script_source(name),
+                                [self.endpoint.namespace, *args])
+        except redis.RedisError as exc:
+            raise self._error(self.endpoint, exc) from exc
+
     @staticmethod
     @contextlib.contextmanager
     def crowded() -> Iterator[None]:
@@ -286,6 +310,19 @@ class Connector:
             if lane is not None:
                 return lane.call(*args)
             return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+        return self.call(op)
+
+    def pipeline(self, build: Callable[[str], Sequence[Sequence[Any]]], *,
+                 spin: bool = False) -> list[Any] | None:
+        """The commands ``build(namespace)`` in one write over this thread's lane, their
+        replies in order (hiredis's raw forms), through ``call``; None where there is no
+        lane (TLS): the caller uses redis-py. ``spin``: ``SyncLane.pipeline``'s."""
+        def op(client: redis.Redis, namespace: str) -> list[Any] | None:
+            lane = self._sync_lane()
+            if lane is None:
+                return None
+            return lane.pipeline(*build(namespace), spin=spin)
 
         return self.call(op)
 

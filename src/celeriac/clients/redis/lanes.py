@@ -133,12 +133,31 @@ class SyncLane:
         return lane
 
     def call(self, *args: Any) -> Any:
+        reply = self._exchange(hiredis.pack_command(args), 1, self.spin)[0]
+        if isinstance(reply, hiredis.ReplyError):
+            raise _reply_error(reply)
+        return reply
+
+    def pipeline(self, *commands: Sequence[Any], spin: bool = False) -> list[Any]:
+        """``commands`` in one write, their replies in order (an error reply raised once
+        all have been read, so the stream stays in step). ``spin``: as ``call`` does; off
+        by default, for a caller whose reply takes a while (a blocking read)."""
+        replies = self._exchange(b"".join(hiredis.pack_command(tuple(c)) for c in commands),
+                                 len(commands), spin)
+        for reply in replies:
+            if isinstance(reply, hiredis.ReplyError):
+                raise _reply_error(reply)
+        return replies
+
+    def _exchange(self, payload: bytes, count: int, spin: bool) -> list[Any]:
+        """Send ``payload`` (``count`` commands), read their ``count`` replies."""
         if self.broken:
             raise redis.ConnectionError("connection closed")
         reader = self.reader
+        replies: list[Any] = []
         try:
-            self.sock.sendall(hiredis.pack_command(args))
-            if not self.spin:
+            self.sock.sendall(payload)
+            if not spin:
                 n = 0
             elif self._resting:
                 self._resting -= 1
@@ -151,8 +170,10 @@ class SyncLane:
                     if not n:
                         raise ConnectionResetError("closed by the server")
                 reader.feed(self.buffer, 0, n)  # type: ignore[arg-type]
-                if (reply := reader.gets()) is not False:
-                    break
+                while (reply := reader.gets()) is not False:
+                    replies.append(reply)
+                if len(replies) >= count:
+                    return replies
                 n = 0
         except (TimeoutError, BlockingIOError) as exc:
             # BlockingIOError: SO_RCVTIMEO or SO_SNDTIMEO ran out.
@@ -162,9 +183,6 @@ class SyncLane:
         except OSError as exc:
             self.close()
             raise redis.ConnectionError(str(exc) or type(exc).__name__) from exc
-        if isinstance(reply, hiredis.ReplyError):
-            raise _reply_error(reply)
-        return reply
 
     def _spin(self) -> int:
         """Bytes of the reply read while spinning (0: none came within SPIN_SECONDS)."""

@@ -80,7 +80,14 @@ class Inbox:
         with self.lock:
             if self.pending:
                 return self.pending.popleft()
-            return pipes.read_frame(self.job_fd)
+            # Whatever the pipe holds, in one read (the job and, in a drain, the one the
+            # parent queued behind it): what is not returned waits in ``pending``, where a
+            # recall looks too.
+            frames = pipes.read_frames(self.job_fd)
+            if frames is None:
+                return None
+            self.pending.extend(frames[1:])
+            return frames[0]
 
     def _control(self) -> None:
         while True:

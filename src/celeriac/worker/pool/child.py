@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +129,11 @@ def _serve(app: Celeriac, inbox: Inbox, outbox: Outbox, parent: int, max_tasks: 
             finally:
                 # Before DONE: the last progress precedes the task's final event.
                 reporter.end(task_id)
+        if job.settle is not None and outcome.action == "ack":
+            outcome = _settle(app, job.settle, outcome)
         retire = recycle.after_task()
         # The result travels with DONE: the parent stores it (batched with other
-        # children's) before it acknowledges the message.
+        # children's) before it acknowledges the message; unless this child settled it.
         outbox.send(pipes.encode_done(job.seq, outcome, retire))
         if retire:
             return 0
@@ -148,6 +151,33 @@ def _run(app: Celeriac, job: Job, soft_limit: float | None, task_events: bool) -
     finally:
         if soft_limit:
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+SETTLE_PAUSE = 30.0
+"""Seconds a child settles nothing itself after its broker call failed."""
+_settle_failed: float | None = None
+
+
+def _settle(app: Celeriac, settle: tuple[str, ...], outcome: Outcome) -> Outcome:
+    """Store the result and ack the message from here (an idle worker's job: see
+    ``Job.settle``), so the caller waiting for the result need not wait for the parent to
+    read DONE, wake its pump and make the same call. The ack still follows the store
+    (one script). If the call fails, DONE carries the result as usual and the parent
+    settles it; a repeat of a call that ran after all does no harm."""
+    global _settle_failed
+    now = time.monotonic()
+    if _settle_failed is not None and now - _settle_failed < SETTLE_PAUSE:
+        return outcome
+    try:
+        app.transport.settle_here(settle, outcome.stored)
+    except Exception as exc:
+        _settle_failed = now
+        logger.warning("child %d could not settle a message itself (%s: %s); the worker "
+                       "settles its messages for %.0fs", os.getpid(), type(exc).__name__,
+                       exc, SETTLE_PAUSE)
+        return outcome
+    return Outcome(outcome.action, outcome.state, outcome.reason, outcome.runtime, None,
+                   outcome.shown, settled=True)
 
 
 def _should_retire(done: int, max_tasks: int | None, max_memory_kib: int | None) -> bool:

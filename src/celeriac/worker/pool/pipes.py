@@ -59,10 +59,12 @@ def encode_job(job: Job, soft_limit: float | None, hard_limit: float | None = No
     # half the time of the same object, and every task crosses twice.
     meta: tuple[Any, ...] = (job.seq, job.headers, job.content_type, job.queue,
                              job.delivery_count, job.hostname, soft_limit)
-    if hard_limit or job.properties:
+    if hard_limit or job.properties or job.settle:
         meta += (hard_limit or None,)
-    if job.properties:
+    if job.properties or job.settle:
         meta += (job.properties,)
+    if job.settle:
+        meta += (job.settle,)
     return frame_with_blob(JOB, meta, job.body)
 
 
@@ -70,9 +72,13 @@ def decode_job(payload: bytes) -> tuple[Job, float | None, float | None]:
     """The job, and the soft and hard time limits the child enforces for it."""
     meta, body = split_blob(payload)
     seq, headers, content_type, queue, delivery_count, hostname, soft_limit = meta[:7]
+    if len(meta) <= 7:
+        return Job(seq, headers, body, content_type, queue, delivery_count, hostname), \
+            soft_limit, None
     return (Job(seq, headers, body, content_type, queue, delivery_count, hostname,
-                meta[8] if len(meta) > 8 else None),
-            soft_limit, meta[7] if len(meta) > 7 else None)
+                meta[8] if len(meta) > 8 else None,
+                tuple(meta[9]) if len(meta) > 9 else None),
+            soft_limit, meta[7])
 
 
 def job_seq(payload: bytes) -> int:
@@ -80,12 +86,17 @@ def job_seq(payload: bytes) -> int:
     return seq
 
 
+RETIRE, SETTLED = 1, 2
+"""A DONE frame's flags: the child exits now; it settled the message itself."""
+
+
 def encode_done(seq: int, outcome: Outcome, retire: bool) -> bytes:
     """A child's report on job ``seq``: its ``Outcome``, and ``retire``: the child exits
     now (max tasks or memory) and takes no further job. The outcome's fields go in a JSON
     array, the encoded result as the blob after it."""
     stored, shown = outcome.stored, outcome.shown
-    meta: list[Any] = [seq, retire, outcome.action, outcome.state, outcome.reason,
+    flags = (RETIRE if retire else 0) | (SETTLED if outcome.settled else 0)
+    meta: list[Any] = [seq, flags, outcome.action, outcome.state, outcome.reason,
                        outcome.runtime]
     if stored is not None or shown is not None:  # the common no-result case stays short
         meta += [stored.task_id, stored.content_type, stored.expires_at, shown] if stored \
@@ -98,13 +109,14 @@ def decode_done(payload: bytes) -> tuple[int, bool, Outcome]:
     the parent decodes one per task."""
     meta, data = split_blob(payload)
     if len(meta) == 6:
-        seq, retire, action, state, reason, runtime = meta
-        return seq, retire, Outcome(action, state, reason, runtime)
-    seq, retire, action, state, reason, runtime, task_id, content_type, expires_at, shown = meta
-    return seq, retire, Outcome(
+        seq, flags, action, state, reason, runtime = meta
+        return seq, bool(flags & RETIRE), Outcome(action, state, reason, runtime,
+                                                  settled=bool(flags & SETTLED))
+    seq, flags, action, state, reason, runtime, task_id, content_type, expires_at, shown = meta
+    return seq, bool(flags & RETIRE), Outcome(
         action, state, reason, runtime,
         None if task_id is None else Stored(task_id, content_type, data, expires_at),
-        None if shown is None else (shown[0], shown[1]))
+        None if shown is None else (shown[0], shown[1]), bool(flags & SETTLED))
 
 
 def encode_progress(task_id: str, state: str, meta_json: bytes) -> bytes:

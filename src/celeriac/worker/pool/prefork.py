@@ -64,6 +64,10 @@ IGNORED_BY_CHILDREN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 
 
 class PreforkPool(AsyncDispatch, Pool):
+    settles_direct = True
+    """A child settles a job's message itself when the job says how (``Job.settle``,
+    ``child._settle``): sync jobs only; an async job's outcome comes back unsettled."""
+
     def __init__(self, app: Celeriac, concurrency: int, *, timer: Timer | None = None,
                  client: PoolClient | None = None) -> None:
         super().__init__(app, concurrency, timer=timer, client=client)
