@@ -126,27 +126,11 @@ def origin() -> str:
     return _ORIGIN
 
 
-def task_headers(
-    *,
-    task: str,
-    task_id: str,
-    args_repr: str,
-    kwargs_repr: str,
-    eta: datetime | None = None,
-    expires: datetime | None = None,
-    retries: int = 0,
-    time_limit: float | None = None,
-    soft_time_limit: float | None = None,
-    ignore_result: bool = False,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The headers of a task message (protocol v2, every one present); ``extra`` (the
-    lineage, the group, the call's own headers) over the rest."""
-    return _restore(kept_headers(
-        task=task, task_id=task_id, args_repr=args_repr, kwargs_repr=kwargs_repr, eta=eta,
-        expires=expires, retries=retries, time_limit=time_limit,
-        soft_time_limit=soft_time_limit, ignore_result=ignore_result, extra=extra,
-    ), _HEADER_SPEC, task_id)
+def task_headers(*, task_id: str, **fields: Any) -> dict[str, Any]:
+    """The headers of a task message (protocol v2, every one present), from
+    ``kept_headers``' arguments; ``extra`` (the lineage, the group, the call's own
+    headers) over the rest."""
+    return _restore(kept_headers(task_id=task_id, **fields), _HEADER_SPEC, task_id)
 
 
 def kept_headers(
