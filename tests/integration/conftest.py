@@ -22,6 +22,17 @@ def env(sqlite_url: str) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="module")
+def module_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """``env`` for a module whose tests share one worker (a module-scoped fixture cannot
+    use the per-test ``env``): one SQLite database for the module's tests."""
+    return {
+        "CELERIAC_BROKER_URL": f"sqlite:///{tmp_path_factory.mktemp('module')}/celeriac.db",
+        "CELERIAC_WORKER_LEASE_TIMEOUT": "1.0",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
 @pytest.fixture
 def app(env: dict[str, str]) -> Iterator[Celeriac]:
     """The tasks module's app, pointed at this test's database."""

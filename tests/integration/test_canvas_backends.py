@@ -17,8 +17,9 @@ from tests.services import require
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def env(env: dict[str, str]) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module")
+def env(module_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The module's namespace: its tests share one worker (``shared_worker``)."""
     results = f"{require('postgres')}?namespace=t{uuid.uuid4().hex[:12]}"
-    yield {**env, "CELERIAC_RESULT_BACKEND": results}
+    yield {**module_env, "CELERIAC_RESULT_BACKEND": results}
     _drop_postgres_table(results)

@@ -33,9 +33,10 @@ def database() -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def env(env: dict[str, str], database: str) -> dict[str, str]:
-    return {**env, "CELERIAC_RESULT_BACKEND": "db+" + database,
+@pytest.fixture(scope="module")
+def env(module_env: dict[str, str], database: str) -> dict[str, str]:
+    """The module's: its tests share one worker (``shared_worker``)."""
+    return {**module_env, "CELERIAC_RESULT_BACKEND": "db+" + database,
             "CELERIAC_RESULT_CHORD_RETRY_INTERVAL": "0.2"}
 
 

@@ -1,9 +1,13 @@
 """Canvas through a real prefork worker: chains pass results along, groups come back in
-order, links and errbacks run, map/starmap/chunks run as one task per chunk."""
+order, links and errbacks run, map/starmap/chunks run as one task per chunk.
+
+The module's tests share one worker (and the modules that import them, one per broker or
+backend): a worker start per test was most of their time. None of them stops, reconfigures
+or counts the log of its worker, and each waits for its own task ids."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,10 +19,39 @@ from tests.integration import app_tasks as t
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def env(module_env: dict[str, str]) -> dict[str, str]:
+    return module_env  # the shared worker's broker: one for the module
+
+
+@pytest.fixture(scope="module")
+def shared_worker(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[WorkerProcess]:
+    """The module's prefork worker, on its ``env``; ``worker`` hands it to each test."""
+    home = tmp_path_factory.mktemp("worker")
+    w = WorkerProcess("tests.integration.app_tasks", "-c", "2", "-P", "prefork",
+                      env={**env, "ERRBACK_FILE": str(home / "errback")}, cwd=str(home))
+    try:
+        yield w.start()
+    finally:
+        w.kill()
+
+
 @pytest.fixture
-def worker(start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> WorkerProcess:
-    return start_worker("-c", "2", "-P", "prefork",
-                        extra_env={"ERRBACK_FILE": str(tmp_path / "errback")})
+def worker(shared_worker: WorkerProcess, tmp_path: Path) -> WorkerProcess:
+    """The shared worker, checked alive (a worker that died fails the next test here, not
+    by its timeouts); its new-style errback writes to this test's ``tmp_path / "errback"``
+    (its ``ERRBACK_FILE`` is a link pointed here for each test, as a worker of the test's
+    own would have it)."""
+    w = shared_worker
+    assert w.proc is not None
+    if w.proc.poll() is not None:
+        pytest.fail(f"the module's worker exited ({w.proc.returncode}) before this test; "
+                    f"its log:\n{w.log[-5000:]}", pytrace=False)
+    link = Path(w.env["ERRBACK_FILE"])
+    link.unlink(missing_ok=True)
+    link.symlink_to(tmp_path / "errback")
+    return w
 
 
 def test_a_chain_passes_each_result_on_and_links_its_results(
