@@ -13,14 +13,11 @@ call is in flight, so batches grow with the load and a lone task is settled at o
 When the queues are empty, a sleeper waits in the broker while the pump goes on settling.
 Ordering: a result is stored before, or in the same script as, its message's ack.
 
-Rate limits (ratelimit.py): ``_dispatch`` asks the ``RateLimiter`` about each job of a
-limited task; one without a token is held there, outside ``reserved`` and the pool, and
-the Timer brings it back when its token accrues. Unlimited tasks pay one dict lookup.
-
+Rate limits (ratelimit.py): a job of a limited task without a token is held in the
+``RateLimiter``, outside ``reserved`` and the pool, until the Timer brings it back.
 Flow control (limits.py, only for an app with such tasks): unique locks let go as jobs
-start, end, come back redelivered or are dropped; a job of a task with ``concurrency``
-takes a slot in the shared store in ``_dispatch``, held there without one as a rate
-limit holds it.
+start, end (once their results are stored), come back or are dropped; a ``concurrency``
+task's job takes a slot in the shared store in ``_dispatch``, held there without one.
 """
 
 from __future__ import annotations
@@ -119,13 +116,11 @@ class Consumer:
                                 self._drop_revoked, self._skip, worker.hostname) \
             if wanted(self.app) else None
         revoked = getattr(worker, "revoked", None)
+        # Revoked ids (worker/revoked.py), the same dict: tested at arrival and dispatch.
         self._revoked: dict[str, float] = revoked.ids if revoked is not None else {}
-        """Revoked ids (``worker/revoked.py``), the same dict: tested at arrival and
-        dispatch, at the cost of one truth test while nothing is revoked."""
+        # Revoked ids to kill as they start (revoke terminate=True found them queued).
         self._terminate: dict[str, str] = revoked.terminate if revoked is not None else {}
-        """Revoked ids to kill as they start (revoke terminate=True found them queued)."""
-        self.totals: Counter[str] = Counter()
-        """Tasks finished, by name (``inspect stats``)."""
+        self.totals: Counter[str] = Counter()  # tasks finished, by name (inspect stats)
         self._direct: tuple[str, ...] | None = None  # see _direct_settle
 
     @property
@@ -284,11 +279,14 @@ class Consumer:
         acks, results, after, finals = self._acks, self._results, self._after, self._finals
         self._lingering = None
         self._acks, self._results, self._after, self._finals = [], [], [], []
+        flow, unlocks = self.flow, self.flow.after_store if self.flow else []
+        if flow is not None:
+            flow.after_store = []
         self._quiet.clear()
         try:
             batch = await self._settle_and_fetch(acks, results, limit)
         except asyncio.CancelledError:
-            self._put_back(acks, results, after, finals)
+            self._put_back(acks, results, after, finals, unlocks)
             raise
         except Exception as exc:
             if self._closing:
@@ -296,12 +294,14 @@ class Consumer:
                              "stopping (%s: %s); the broker will redeliver them",
                              len(acks) + len(after), len(results), type(exc).__name__, exc)
                 return False
-            self._put_back(acks, results, after, finals)
+            self._put_back(acks, results, after, finals, unlocks)
             await self._failed("storing results and settling messages", exc)
             return True
         finally:
             self._quiet.set()
         self._restored()
+        if flow is not None:
+            flow.unlock(unlocks)  # their results are stored
         for delivery, reason in after:
             self._spawn(self.transport.dead_letter(delivery, reason))
         if finals and self.events is not None:
@@ -354,13 +354,16 @@ class Consumer:
         await self.loop.run_in_executor(self._executor, backend.store_many, results)
 
     def _put_back(self, acks: list[Delivery], results: list[Stored],
-                  after: list[tuple[Delivery, str]], finals: list[Event]) -> None:
+                  after: list[tuple[Delivery, str]], finals: list[Event],
+                  unlocks: list[tuple[dict[str, Any], str]]) -> None:
         # In front of what came meanwhile: the next turn retries them (a repeat is
         # harmless: stores overwrite, acks of settled messages are no-ops).
         self._acks[:0] = acks
         self._results[:0] = results
         self._after[:0] = after
         self._finals[:0] = finals
+        if self.flow is not None:
+            self.flow.after_store[:0] = unlocks
 
     async def _sleep(self, limit: int) -> None:
         """Wait in the broker for messages (the queues were empty when last fetched)."""

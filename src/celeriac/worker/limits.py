@@ -108,6 +108,8 @@ class FlowControl:
         """Ids that succeeded here, oldest first (``SUCCEEDED_KEPT`` at most)."""
         self.fresh: set[int] = set()
         """Redelivered jobs found not to have succeeded before: they run."""
+        self.after_store: list[tuple[dict[str, Any], str]] = []
+        """Locks of jobs whose result the pump has yet to store (``finished``)."""
         self.ttl: float = app.settings.worker_lease_timeout
         self.owner = f"{hostname}:{os.getpid()}"
         purpose = needs_store(app)
@@ -155,7 +157,19 @@ class FlowControl:
             return
         if outcome.state == states.RETRY:
             return  # its retry's message carries the lock on
-        self._unlock(job.headers, "going back" if outcome.action == "requeue" else "ended")
+        why = "going back" if outcome.action == "requeue" else "ended"
+        if outcome.stored is not None and not outcome.settled:
+            # Its result first, then its lock: a stand-in (producer/flow.py, ``awaited``)
+            # reads a lock gone and no result as "none is coming". The pump stores the
+            # result at its next turn, and then lets the lock go (``unlock``).
+            self.after_store.append((job.headers, why))
+            return
+        self._unlock(job.headers, why)
+
+    def unlock(self, stored: list[tuple[dict[str, Any], str]]) -> None:
+        """Let go the locks of jobs whose results are now stored (``after_store``)."""
+        for headers, why in stored:
+            self._unlock(headers, why)
 
     def dropped(self, headers: dict[str, Any]) -> None:
         """Revoked, expired or dead-lettered: it will not run here."""
