@@ -31,6 +31,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -88,6 +89,10 @@ class SyncLane:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        # A lane of a connector never closed (an app dropped without ``close()``) closes
+        # its socket as it goes, as a redis-py connection does. The finalizer holds the
+        # socket: a cycle's collection cannot reach the socket first (a ResourceWarning).
+        weakref.finalize(self, sock.close)
         self.reader = hiredis.Reader()
         self.buffer = bytearray(_BUFFER)
         self.broken = False
