@@ -251,10 +251,10 @@ def test_store_many_wakes_a_waiter_once_for_the_batch(backend: BackendFactory) -
 
 
 def test_store_many_results_expire(backend: BackendFactory) -> None:
-    short = backend(result_expires=0.2)
+    short = backend(result_expires=2.0)  # a loaded machine reads them back within it
     short.store_many([short.encode(f"e-{n}", states.SUCCESS, n) for n in range(3)])
     assert len(short.get_many([f"e-{n}" for n in range(3)])) == 3
-    wait_until(lambda: not short.get_many([f"e-{n}" for n in range(3)]), 10.0,
+    wait_until(lambda: not short.get_many([f"e-{n}" for n in range(3)]), 15.0,
                message="the results expired")
     assert short.get_many([f"e-{n}" for n in range(3)]) == {}
     assert short.cleanup() == (0 if short.expires_alone else 3)
