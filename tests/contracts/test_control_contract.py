@@ -90,9 +90,13 @@ def test_broadcast_and_reply_leave_nothing_behind(transport: TransportFactory,
                                                   control_app: Celeriac) -> None:
     app = control_app
     with ThreadedWorker(app, hostname="c1@contract", mingle=False) as w:
+        # Gossip subscribes to the events when it starts, after the consumer's first
+        # turn: before this test's calls or during them. Its channel is not a leftover.
         before = _leftovers(transport.name, app)
         if transport.name == "memory":
-            assert before - {"celeriac.events"} == {CONTROL_CHANNEL}  # and Gossip's
+            gossip = {"celeriac.events"}
+            before -= gossip
+            assert before == {CONTROL_CHANNEL}
         start = time.monotonic()
         assert app.control.ping(destination=["c1@contract"], timeout=5) == [
             {"c1@contract": {"ok": "pong"}}]
@@ -115,4 +119,5 @@ def test_broadcast_and_reply_leave_nothing_behind(transport: TransportFactory,
         assert store.load_if_changed(new_version) == (new_version, None)
         store.close()
         assert {"r-1", "r-2"} <= set(w.worker.revoked.ids)
-        assert _leftovers(transport.name, app) == before
+        after = _leftovers(transport.name, app)
+        assert (after - gossip if transport.name == "memory" else after) == before
