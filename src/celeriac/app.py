@@ -258,13 +258,19 @@ class Celeriac:
     def transport(self) -> Transport:
         transport = self._transport
         if transport is None or self._pid != os.getpid():
-            self.finalize()
-            with _connecting:
-                self._reset_after_fork()
-                if self._transport is None:
-                    self._transport = create_transport(self.settings.broker_url, self.settings)
-                transport = self._transport
+            transport = self._connect("_transport", lambda: create_transport(
+                self.settings.broker_url, self.settings))
         return transport
+
+    def _connect(self, attribute: str, make: Callable[[], Any]) -> Any:
+        """The connection kept in ``attribute``, made once per process: under a lock, so
+        that two threads asking first do not each make one (the loser's left unclosed)."""
+        self.finalize()
+        with _connecting:
+            self._reset_after_fork()
+            if getattr(self, attribute) is None:
+                setattr(self, attribute, make())
+            return getattr(self, attribute)
 
     @property
     def publisher(self) -> Publisher:
@@ -277,12 +283,8 @@ class Celeriac:
     def backend(self) -> ResultBackend:
         backend = self._backend
         if backend is None or self._pid != os.getpid():
-            self.finalize()
-            with _connecting:
-                self._reset_after_fork()
-                if self._backend is None:
-                    self._backend = create_backend(self.settings.backend_url, self.settings)
-                backend = self._backend
+            backend = self._connect("_backend", lambda: create_backend(
+                self.settings.backend_url, self.settings))
         return backend
 
     @property

@@ -82,16 +82,16 @@ def test_gossip_starts_after_the_consumers_first_turn(monkeypatch: pytest.Monkey
 def test_first_turn_waits_for_the_turn_in_flight_and_no_longer_than_told() -> None:
     class Consumer:
         def __init__(self) -> None:
-            self._quiet = asyncio.Event()
+            self.quiet = asyncio.Event()
 
     async def run() -> None:
         step = ConsumerStep.__new__(ConsumerStep)
         step.consumer = Consumer()  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
-        loop.call_later(0.05, step.consumer._quiet.set)
+        loop.call_later(0.05, step.consumer.quiet.set)
         await step.first_turn(timeout=5)
-        assert step.consumer._quiet.is_set()
-        step.consumer._quiet.clear()  # a turn that never ends: the timeout bounds it
+        assert step.consumer.quiet.is_set()
+        step.consumer.quiet.clear()  # a turn that never ends: the timeout bounds it
         began = loop.time()
         await step.first_turn(timeout=0.05)
         assert loop.time() - began < 5

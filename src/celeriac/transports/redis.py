@@ -241,10 +241,8 @@ class RedisTransport(Transport):
         args = self._script_args(me, limit if names else 0, results_namespace or "",
                                  len(results), len(batch))
         now = time.time()
-        for task_id, content_type, data, expires_at in results:
-            args += [task_id, encode_value(content_type, data),
-                     0 if expires_at is None else expiry_ms(expires_at, now),
-                     0 if expires_at is None else expires_at]
+        for stored in results:
+            args += _result_args(stored, now)
         args += batch
         args += names
         # Its acks, if the reply is lost, are retried by the caller.
@@ -278,10 +276,7 @@ class RedisTransport(Transport):
         me, namespace, tag = settle
         args = self._script_args(me, 0, namespace, 0 if stored is None else 1, 1)
         if stored is not None:
-            task_id, content_type, data, expires_at = stored
-            args += [task_id, encode_value(content_type, data),
-                     0 if expires_at is None else expiry_ms(expires_at, time.time()),
-                     0 if expires_at is None else expires_at]
+            args += _result_args(stored, time.time())
         args.append(tag)
         self.conn.run_once("settle_and_fetch", args)
 
@@ -650,6 +645,14 @@ class RedisSubscription(Subscription):
 
     async def close(self) -> None:
         await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+def _result_args(stored: Stored, now: float) -> list[Any]:
+    """A result's arguments to settle_and_fetch.lua: id, value, ms to expiry, expiry."""
+    task_id, content_type, data, expires_at = stored
+    return [task_id, encode_value(content_type, data),
+            0 if expires_at is None else expiry_ms(expires_at, now),
+            0 if expires_at is None else expires_at]
 
 
 def _delay_ms(delay: float | None) -> int:

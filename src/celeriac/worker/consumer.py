@@ -95,8 +95,8 @@ class Consumer:
         self.events = (TaskEvents(worker.events, self.app.settings.events_hide_args)
                        if worker.events is not None and worker.task_events else None)
         self._wake = asyncio.Event()
-        self._quiet = asyncio.Event()  # set while no turn is in flight
-        self._quiet.set()
+        self.quiet = asyncio.Event()  # set while no turn is in flight (ConsumerStep's too)
+        self.quiet.set()
         self._pending: set[asyncio.Task[Any]] = set()
         self._pump: asyncio.Task[None] | None = None
         self._sleeper: asyncio.Task[None] | None = None
@@ -178,7 +178,7 @@ class Consumer:
         # A turn in flight may bring messages: they must land before a give-back.
         try:
             async with asyncio.timeout(self._guard()):
-                await self._quiet.wait()
+                await self.quiet.wait()
         except TimeoutError:
             await self._abandon("fetching")
 
@@ -229,7 +229,7 @@ class Consumer:
             self._pump.cancel()
             await asyncio.gather(self._pump, return_exceptions=True)
             self._pump = None
-        self._quiet.set()
+        self.quiet.set()
 
     # -- the pump -------------------------------------------------------------------------
     def _want(self, sleeping: bool = False) -> int:
@@ -279,10 +279,9 @@ class Consumer:
         acks, results, after, finals = self._acks, self._results, self._after, self._finals
         self._lingering = None
         self._acks, self._results, self._after, self._finals = [], [], [], []
-        flow, unlocks = self.flow, self.flow.after_store if self.flow else []
-        if flow is not None:
-            flow.after_store = []
-        self._quiet.clear()
+        flow = self.flow
+        unlocks = flow.take_after_store() if flow is not None else []
+        self.quiet.clear()
         try:
             batch = await self._settle_and_fetch(acks, results, limit)
         except asyncio.CancelledError:
@@ -298,7 +297,7 @@ class Consumer:
             await self._failed("storing results and settling messages", exc)
             return True
         finally:
-            self._quiet.set()
+            self.quiet.set()
         self._restored()
         if flow is not None:
             flow.unlock(unlocks)  # their results are stored
@@ -634,8 +633,7 @@ class Consumer:
         elif delivery is not None:
             self._settle_later(job, delivery, outcome)
         self._dispatch()
-        if not outcome.settled or self._sleeper is None:
-            # (Settled while the sleeper waits: nothing new for the pump to do.)
+        if not outcome.settled or self._sleeper is None:  # else nothing for the pump
             self._wake.set()
 
     def _settle_later(self, job: Job, delivery: Delivery, outcome: Outcome) -> None:
@@ -660,8 +658,10 @@ class Consumer:
         if final is None and outcome.state == states.REVOKED:
             final = {**events.expired(job.headers["id"]), "expired": False,
                      "reason": outcome.reason, "terminated": True}
-        if final is not None:
-            events.put(final) if outcome.settled else self._finals.append(final)
+        if final is not None and outcome.settled:
+            events.put(final)  # its result is stored already
+        elif final is not None:
+            self._finals.append(final)
 
     def _redelivery_delay(self, losses: int) -> float:
         base: float = self.app.settings.task_redelivery_delay

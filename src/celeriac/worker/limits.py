@@ -166,6 +166,11 @@ class FlowControl:
             return
         self._unlock(job.headers, why)
 
+    def take_after_store(self) -> list[tuple[dict[str, Any], str]]:
+        """The locks waiting for their results (a turn about to store them)."""
+        taken, self.after_store = self.after_store, []
+        return taken
+
     def unlock(self, stored: list[tuple[dict[str, Any], str]]) -> None:
         """Let go the locks of jobs whose results are now stored (``after_store``)."""
         for headers, why in stored:

@@ -77,8 +77,7 @@ class ConsumerStep(Step):
         fetched dispatched (at most ``timeout`` s): a step that starts later and costs
         CPU before its first wait (Gossip) then starts off the first tasks' path."""
         await asyncio.sleep(0)  # the pump, created by start(), begins its turn
-        # The consumer's flag, cleared while a turn is in flight.
-        quiet = self.consumer._quiet
+        quiet = self.consumer.quiet  # cleared while a turn is in flight
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await quiet.wait()

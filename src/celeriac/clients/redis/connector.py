@@ -276,13 +276,12 @@ class Connector:
         child settling a message, ``RedisTransport.settle_here``). It waits for the
         reply without spinning. Raises ``OperationalError`` on any failure, also where
         there is no lane (TLS) or the server is behind sentinels."""
+        if not self.can_run_once():
+            raise OperationalError("run_once: not behind sentinels or over TLS")
         try:
-            if self.endpoint.sentinels is not None:
-                raise OperationalError("run_once: not behind sentinels")
             self._check_pid()
             lane = self._sync_lane()
-            if lane is None:
-                raise OperationalError("run_once: no lane (TLS)")
+            assert lane is not None  # can_run_once: there are lane parameters
             lane.spin = False
             return lane.evalsha(script_sha(name), script_source(name),
                                 [self.endpoint.namespace, *args])
