@@ -17,6 +17,7 @@ import redis
 
 from celeriac.errors import BrokerUnavailable
 from celeriac.testing import wait_until
+from celeriac.transports.base import Outgoing
 from celeriac.transports.redis import RedisTransport
 from tests.contracts import redis_support
 from tests.contracts.redis_support import ids, message
@@ -192,3 +193,31 @@ def test_the_sleeper_reconnects_and_loads_its_script_after_a_restart(
     unloaded, got = run(scenario())
     assert unloaded is None
     assert got is not None and ids(got) == ["id-5"]
+
+
+def test_a_publish_wakes_one_sleeper_per_message(
+        make: Callable[..., RedisTransport], ns: str) -> None:
+    """Three consumers idle on one queue: one message wakes one of them (the others stay
+    registered, asleep), two messages wake two; no herd of empty fetches."""
+    producer = make()
+    admin = redis.Redis()
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        consumers = [make() for _ in range(3)]
+        for i, c in enumerate(consumers):
+            await c.connect(f"c{i}")
+            assert await c.settle_and_fetch([], [], None, [Q], 4) == []  # short: idle
+        producer.publish(Q, message(1))
+        one = [int(admin.llen(f"{ns}:wake:c{i}")) for i in range(3)]
+        producer.publish_many([Outgoing(Q, message(2)), Outgoing(Q, message(3))])
+        two = [int(admin.llen(f"{ns}:wake:c{i}")) for i in range(3)]
+        for c in consumers:
+            await c.disconnect()
+        return one, two
+
+    one, two = run(scenario())
+    asleep = admin.scard(f"{ns}:idle:{Q}")
+    admin.close()
+    assert sorted(one) == [0, 0, 1]
+    assert sorted(two) == [1, 1, 1]  # the two woken now are the two still asleep before
+    assert asleep == 0

@@ -27,9 +27,10 @@
 --   <ns>:consumers        zset    consumer -> lease expiry (unix ms). Any heartbeat renews
 --                                 its own and returns every expired consumer's ids.
 --   <ns>:idle:<queue>     set     consumers asleep in a fetch that found this queue empty.
---   <ns>:wake:<consumer>  list    an idle consumer BLPOPs it; whatever makes a message ready
---                                 (or delayed) in a queue pushes a token to each consumer in
---                                 that queue's idle set, then empties the set.
+--   <ns>:wake:<consumer>  list    an idle consumer BLPOPs it; whatever makes messages ready
+--                                 (or delayed) in a queue pushes a token to as many consumers
+--                                 of that queue's idle set as it made messages, taking them
+--                                 out of the set (one wake per message, not a herd).
 --   <ns>:dead             zset    dead-lettered ids, score = order of death (from <ns>:seq).
 --
 -- Broadcasts use pub/sub channels <ns>:bc:<db>:<channel> (Endpoint.channel) and no
@@ -57,8 +58,13 @@ end
 -- A token left for a consumer that died while idle must not linger forever.
 local WAKE_TTL_MS = 60000
 
--- Queues that got a ready or delayed message in this script: notify() wakes their sleepers.
+-- Queues that got ready or delayed messages in this script, and how many: notify() wakes
+-- that many of their sleepers.
 local touched = {}
+
+local function touch(q)
+  touched[q] = (touched[q] or 0) + 1
+end
 
 -- A message's string: score, queue, envelope and body, the lengths first so that any
 -- bytes may follow. A fair score is a number: %.17g keeps all its digits.
@@ -164,7 +170,7 @@ local function make_ready(id, uncounted)
     uncount(id, old)
   end
   redis.call('ZADD', key('q', q), s, id)
-  touched[q] = true
+  touch(q)
   return q
 end
 
@@ -173,22 +179,20 @@ end
 local function put_delayed(id, q, due)
   redis.call('ZADD', key('delayed'), due, id)
   redis.call('SADD', key('dq', q), id)
-  touched[q] = true
+  touch(q)
 end
 
--- Wake each consumer asleep on a touched queue with one token. The idle set is emptied:
--- a consumer registers again with every fetch that comes back empty.
+-- Wake one consumer asleep on a touched queue per message made ready (or delayed) there,
+-- taking it out of the idle set: it registers again with its next fetch that comes back
+-- short. Waking every sleeper for one message would have all but one of them fetch
+-- nothing. A woken consumer that dies before it fetches costs the message at most the
+-- other sleepers' BLPOP timeout (the worker's FETCH_TIMEOUT): they fetch then anyway.
 local function notify()
-  for q in pairs(touched) do
-    local idle = key('idle', q)
-    local sleepers = redis.call('SMEMBERS', idle)
-    if #sleepers > 0 then
-      for _, c in ipairs(sleepers) do
-        local w = key('wake', c)
-        redis.call('RPUSH', w, 1)
-        redis.call('PEXPIRE', w, WAKE_TTL_MS)
-      end
-      redis.call('DEL', idle)
+  for q, n in pairs(touched) do
+    for _, c in ipairs(redis.call('SPOP', key('idle', q), n)) do
+      local w = key('wake', c)
+      redis.call('RPUSH', w, 1)
+      redis.call('PEXPIRE', w, WAKE_TTL_MS)
     end
   end
   touched = {}
@@ -209,14 +213,20 @@ local function fetch_ready(me, lease, limit, register, queues)
   -- make the reply's wait 0 and the caller comes straight back.
   local PROMOTE_BATCH = 1000
   local delayed = key('delayed')
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, PROMOTE_BATCH)) do
-    redis.call('ZREM', delayed, id)
-    local q = make_ready(id, false)
-    if q then
-      redis.call('SREM', key('dq', q), id)
+  -- The head of the delay store: nothing is due unless it is (one call in the common case,
+  -- where it also gives the reply's wait).
+  local head = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) <= now then
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, PROMOTE_BATCH)) do
+      redis.call('ZREM', delayed, id)
+      local q = make_ready(id, false)
+      if q then
+        redis.call('SREM', key('dq', q), id)
+      end
     end
+    notify()
+    head = nil  -- changed: read again below
   end
-  notify()
 
   -- A consumer that fetches is alive. This also re-registers one that was presumed dead
   -- and came back: what it takes now is protected by its heartbeats again.
@@ -274,9 +284,9 @@ local function fetch_ready(me, lease, limit, register, queues)
       redis.call('SADD', key('idle', q), me)
     end
   end
-  local next_due = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
-  if next_due[2] then
-    out[1] = math.max(tonumber(next_due[2]) - now, 0)
+  head = head or redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  if head[2] then
+    out[1] = math.max(tonumber(head[2]) - now, 0)
   end
   return out
 end

@@ -46,20 +46,28 @@ end
 if nacks > 0 then
   -- Only ids this consumer still owns (its lease may have run out and the message gone
   -- to another consumer): those are deleted, the rest left alone.
-  local owned, ids = key('owned', me), {}
-  for i = a, a + nacks - 1 do
-    ids[#ids + 1] = ARGV[i]
-  end
-  local mine = redis.call('SMISMEMBER', owned, unpack(ids))
-  local done = {}
-  for i, m in ipairs(mine) do
-    if m == 1 then
-      done[#done + 1] = ids[i]
+  local owned = key('owned', me)
+  if nacks == 1 then
+    -- A lone ack (an idle worker's task, settled by its pool child): SREM tells.
+    if redis.call('SREM', owned, ARGV[a]) == 1 then
+      forget({ARGV[a]})
     end
-  end
-  if #done > 0 then
-    redis.call('SREM', owned, unpack(done))
-    forget(done)
+  else
+    local ids = {}
+    for i = a, a + nacks - 1 do
+      ids[#ids + 1] = ARGV[i]
+    end
+    local mine = redis.call('SMISMEMBER', owned, unpack(ids))
+    local done = {}
+    for i, m in ipairs(mine) do
+      if m == 1 then
+        done[#done + 1] = ids[i]
+      end
+    end
+    if #done > 0 then
+      redis.call('SREM', owned, unpack(done))
+      forget(done)
+    end
   end
   a = a + nacks
 end
