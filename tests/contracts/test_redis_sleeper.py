@@ -221,3 +221,26 @@ def test_a_publish_wakes_one_sleeper_per_message(
     assert sorted(one) == [0, 0, 1]
     assert sorted(two) == [1, 1, 1]  # the two woken now are the two still asleep before
     assert asleep == 0
+
+
+def test_a_consumer_that_stops_leaves_the_idle_set(
+        make: Callable[..., RedisTransport], ns: str) -> None:
+    """A stopped consumer is not woken in place of one that sleeps."""
+    producer = make()
+    admin = redis.Redis()
+
+    async def scenario() -> int:
+        gone, asleep = make(), make()
+        await gone.connect("gone")
+        await asleep.connect("asleep")
+        for c in (gone, asleep):
+            assert await c.settle_and_fetch([], [], None, [Q], 4) == []  # short: idle
+        await gone.disconnect()
+        producer.publish(Q, message(1))
+        woken = int(admin.llen(f"{ns}:wake:asleep"))
+        await asleep.disconnect()
+        return woken
+
+    assert run(scenario()) == 1
+    assert not admin.exists(f"{ns}:idle:{Q}")
+    admin.close()

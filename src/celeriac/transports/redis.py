@@ -94,6 +94,9 @@ class RedisTransport(Transport):
         """A fetch's reply may have been lost: Redis may hold messages for us we never saw."""
         self._next_due = -1
         """From the last turn that fetched: ms until a delayed message is due (-1: none)."""
+        self._idle_on: set[str] = set()
+        """Queues whose idle set a fetch of ours may have joined: a disconnect leaves them,
+        so that no publish wakes a consumer that is gone in place of one that is asleep."""
         self._fanout: dict[str, str] = {}
         """This consumer's fanout queues -> their groups, bound while its lease lasts."""
         options = self.settings.broker_transport_options or {}
@@ -176,6 +179,7 @@ class RedisTransport(Transport):
             return []
         if self._suspect:
             await self._reconcile(me, counted=False)
+        self._idle_on.update(names)
         deadline = time.monotonic() + timeout
         while True:
             failures = self.conn.async_failures
@@ -231,8 +235,11 @@ class RedisTransport(Transport):
         ``wait_ready`` then sleeps until a message is published there (or comes due)."""
         me = self._me()
         names = list(dict.fromkeys(queues)) if limit > 0 else []
-        if names and self._suspect:
-            await self._reconcile(me, counted=False)
+        if names:
+            if self._suspect:
+                await self._reconcile(me, counted=False)
+            if not self._idle_on.issuperset(names):
+                self._idle_on.update(names)
         tags = [d.tag for d in acks]
         batch = list(dict.fromkeys([*tags, *self._unacked])) if self._unacked else tags
         if not (batch or results or names):
@@ -437,6 +444,10 @@ class RedisTransport(Transport):
         """Where this consumer holds a lease."""
         return [""]
 
+    def _idle_queues(self, place: str) -> list[str]:
+        """The queues at ``place`` whose idle sets this consumer may be in."""
+        return sorted(self._idle_on)
+
     async def _arun_at(self, place: str, script: str, args: list[Any]) -> Any:
         return await self.conn.arun(script, args)
 
@@ -502,13 +513,14 @@ class RedisTransport(Transport):
                     await self.ack([])
                 given_back = 0
                 for place in self._places():
-                    given_back += int(await self._arun_at(place, "disconnect",
-                                                          [self.consumer_id]))
+                    given_back += int(await self._arun_at(
+                        place, "disconnect", [self.consumer_id, *self._idle_queues(place)]))
                 if given_back:
                     logger.info("gave back %d message(s) on disconnect", given_back)
                 await self._bind_fanout(0)  # a stopped worker gets no more copies
         finally:
             self._held.clear()
+            self._idle_on.clear()
             await self.release()
 
     async def release(self) -> None:

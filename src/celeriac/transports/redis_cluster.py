@@ -254,6 +254,9 @@ class RedisClusterTransport(RedisTransport):
     def _places(self) -> list[str]:
         return list(self._queues)
 
+    def _idle_queues(self, place: str) -> list[str]:
+        return [place]  # a place is a queue, and its idle set is in that queue's slot
+
     async def _arun_at(self, place: str, script: str, args: list[Any]) -> Any:
         return await self.cluster.arun(script, self._tag(place), args)
 
