@@ -45,7 +45,7 @@ test: $(STAMP)
 	  [ $$rest -eq 0 ] && [ $$own -eq 0 ]; }
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n 3 --dist worksteal -m "not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples scripts

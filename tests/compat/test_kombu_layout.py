@@ -106,6 +106,7 @@ def test_visibility_timeout_restores_a_dead_workers_message(admin: redis.Redis) 
     live.close()
 
 
+@pytest.mark.slow  # waits out real visibility timeouts
 def test_a_live_worker_re_stamps_what_it_holds(admin: redis.Redis) -> None:
     t, other = transport(visibility_timeout=1), transport(visibility_timeout=1)
     t.publish("q", message("long"))

@@ -269,7 +269,13 @@ class BackendFactory:
             b.close()
 
 
-@pytest.fixture(params=sorted(TRANSPORT_URLS))
+SLOW_TRANSPORTS = {"sqs"}
+"""Run in ``make test``, not the fast tier: moto's server takes tens of milliseconds a
+call, half a second a test."""
+
+
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.slow) if name in SLOW_TRANSPORTS
+                        else name for name in sorted(TRANSPORT_URLS)])
 def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransportFactory]:
     factory = TransportFactory(request.param, TRANSPORT_URLS[request.param](tmp_path))
     yield factory

@@ -187,6 +187,7 @@ def test_chord_part_fires_once_under_concurrent_processes(chords: BackendFactory
         assert first.chord_part(f"processes-{round_}", "late", CHORD_WORKERS) is False
 
 
+@pytest.mark.slow  # waits out a real expiry window
 def test_chord_state_expires_with_results(chords: BackendFactory) -> None:
     short = chords(result_expires=2.0)  # a loaded machine keeps a window this long
     assert short.chord_part("lazy", "a", 2) is False

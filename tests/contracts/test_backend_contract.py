@@ -250,6 +250,7 @@ def test_store_many_wakes_a_waiter_once_for_the_batch(backend: BackendFactory) -
     assert returned_at - stored_at[0] < WAKE_LATENCY
 
 
+@pytest.mark.slow  # waits out a real expiry window
 def test_store_many_results_expire(backend: BackendFactory) -> None:
     short = backend(result_expires=2.0)  # a loaded machine reads them back within it
     short.store_many([short.encode(f"e-{n}", states.SUCCESS, n) for n in range(3)])

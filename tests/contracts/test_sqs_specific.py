@@ -26,6 +26,8 @@ from celeriac.transports.sqs.config import parse, queue_name
 from tests.loops import run, track
 from tests.services import moto_endpoint, require, sqs_url
 
+pytestmark = pytest.mark.slow  # moto's server: see SLOW_TRANSPORTS in conftest.py
+
 Q = "specific"
 
 

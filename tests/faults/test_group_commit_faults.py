@@ -76,6 +76,7 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server.close()
 
 
+@pytest.mark.slow  # a Redis server of its own, killed
 def test_kill_9_mid_stream_no_caller_is_told_stored_what_was_lost(own_redis: OwnRedis
                                                                    ) -> None:
     url = f"redis://127.0.0.1:{own_redis.port}/0?namespace=gcf-{uuid.uuid4().hex[:6]}"

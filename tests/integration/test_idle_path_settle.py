@@ -20,6 +20,8 @@ from celeriac.errors import OperationalError
 from celeriac.testing import wait_until
 from tests.integration.support import Workers, bound, redis_env, workers
 
+pytestmark = pytest.mark.slow  # a real prefork worker
+
 app = Celeriac("idle_settle", settings=Settings.from_env())
 
 
