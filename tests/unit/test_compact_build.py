@@ -92,3 +92,24 @@ def test_hooks_see_a_message_whose_changes_are_sent(app: Celeriac) -> None:
     sent = unpack(*pack(message))
     assert sent.headers["x-stamp"] == "seen"
     assert sent.headers["retries"] == 2
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [
+    ((1, "a", None, True, 2.5), {"b": 1, "a": "x"}),  # plain: repr, keys sorted as reprlib's
+    ((10 ** 50,), {"big": 10 ** 50}),  # an int past reprlib's maxlong: cut
+    (("x" * 300,), {"text": "y" * 300}),  # a string past maxstring: cut
+    (("tab\there\x00", "é\u2028"), {"k": "\x00" * 100}),  # escapes that lengthen the repr
+    (tuple(range(9)), {f"k{i}": i for i in range(9)}),  # more items than reprlib shows
+    (([1, 2], {"n": {"deep": [1]}}), {1: "not a name"} | {"z": (1,)}),  # containers
+])
+def test_args_repr_reads_as_reprlib_would(args: tuple[Any, ...], kwargs: dict[Any, Any]
+                                          ) -> None:
+    """The producer's argsrepr and kwargsrepr: what reprlib gives (cut where it cuts),
+    also where a fast path skips reprlib for plain values."""
+    import reprlib
+
+    from celeriac.runtime.request import args_repr
+
+    ref = reprlib.Repr()
+    ref.maxstring = ref.maxother = 256
+    assert args_repr(args, kwargs) == (ref.repr(tuple(args)), ref.repr(dict(kwargs)))
