@@ -134,5 +134,5 @@ def _plain(value: Any) -> bool:
     if kind is str:
         return len(value) <= (_repr.maxstring - 2) // 2 and value.isprintable()
     if kind is int:
-        return -_LONG_INT < value < _LONG_INT
+        return bool(-_LONG_INT < value < _LONG_INT)
     return kind in _PLAIN_TYPES
