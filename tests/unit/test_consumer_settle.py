@@ -95,7 +95,7 @@ def test_a_failing_result_store_holds_the_ack_back_until_it_recovers(app: Celeri
     with ThreadedWorker(app) as w:
         r = one.delay()
         wait_until(lambda: w.worker.processed == 1, 5, message="task ran")
-        wait_until(lambda: w.worker.consumer._failures >= 1, 5, message="store failed")
+        wait_until(lambda: w.worker.consumer.pump.failures >= 1, 5, message="store failed")
         assert not log  # neither stored nor acked while the store is down
         assert app.transport.queue_length("celery") == 0  # still owned by the worker
         FlakyBackend.broken.clear()

@@ -6,12 +6,10 @@ rather than one message per freed slot. It reads only headers: a message that is
 malformed, for an unknown task, expired, or lost too many times is settled here without
 ever reaching the pool.
 
-One coroutine, the pump, makes the hot path's broker calls, one at a time: it stores the
-results of finished tasks, acks their messages and fetches more in one call (one
-script on Redis when the results live on the broker's server). Completions gather while a
-call is in flight, so batches grow with the load and a lone task is settled at once.
-When the queues are empty, a sleeper waits in the broker while the pump goes on settling.
-Ordering: a result is stored before, or in the same script as, its message's ack.
+The pump (pump.py) makes the hot path's broker calls, one at a time: it stores the
+results of finished tasks, acks their messages and fetches more in one call, and sleeps
+in the broker while the queues are empty. The consumer tells it how many to fetch
+(``want``) and takes what comes (``ingest``).
 
 Rate limits (ratelimit.py): a job of a limited task without a token is held in the
 ``RateLimiter``, outside ``reserved`` and the pool, until the Timer brings it back.
@@ -23,41 +21,31 @@ task's job takes a slot in the shared store in ``_dispatch``, held there without
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal as signals
 from collections import Counter, deque
 from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import states
-from ..clients.net import backoff
 from ..errors import BrokerError, CeleriacError, ControlError, WorkerLostError
 from ..protocol import Delivery, parse_time, utcnow
 from .admission import Admission, Refusal, result_id
 from .execute import Job, Outcome, exception_repr, received_request
 from .limits import FlowControl, wanted
+from .pump import Pump
 from .ratelimit import RateLimiter
 from .revoking import revoked_on_arrival
 from .state import revoked_stamps, revoking_stamps
 from .task_events import TaskEvents
 
 if TYPE_CHECKING:
-    from ..backends.base import Stored
-    from ..events import Event
     from ..transports.base import Transport
     from . import Worker
     from .pool.base import Pool
 
 logger = logging.getLogger("celeriac.worker.consumer")
 
-FETCH_TIMEOUT = 1.0
-"""Longest wait of one blocking fetch; the sleeper then asks again."""
-LINGER = 0.002
-"""Seconds a busy worker may hold finished tasks' results and acks to batch them."""
-LINGER_BATCH = 64
-"""...unless this many are waiting."""
 REDELIVERY_DELAY_CAP = 60.0
 """Seconds: the longest wait of a lost message before its next delivery."""
 
@@ -86,27 +74,9 @@ class Consumer:
         self.deliveries: dict[int, Delivery] = {}
         """Job seq -> delivery, for the messages in hand: reserved, in the pool, running."""
         self._next_seq = 0
-        self._acks: list[Delivery] = []
-        self._results: list[Stored] = []
-        self._after: list[tuple[Delivery, str]] = []
-        """Dead letters that wait for their result to be stored first."""
-        self._finals: list[Event] = []
-        """Task events that wait for their result to be stored first."""
         self.events = (TaskEvents(worker.events, self.app.settings.events_hide_args)
                        if worker.events is not None and worker.task_events else None)
-        self._wake = asyncio.Event()
-        self.quiet = asyncio.Event()  # set while no turn is in flight (ConsumerStep's too)
-        self.quiet.set()
         self._pending: set[asyncio.Task[Any]] = set()
-        self._pump: asyncio.Task[None] | None = None
-        self._sleeper: asyncio.Task[None] | None = None
-        self._fetching = False
-        self._drained = False
-        """The last fetch came back short: the next one waits in the broker (sleeper)."""
-        self._closing = False
-        self._failures = 0
-        self._lingering: float | None = None  # when the pump began holding (``_linger``)
-        self._executor: ThreadPoolExecutor | None = None
         self.admission = Admission(self.app)
         # Parses every task's rate limit now: a bad one stops the worker at its start.
         self.limiter = RateLimiter(self.app, worker.timer, self._rate_due)
@@ -122,6 +92,12 @@ class Consumer:
         self._terminate: dict[str, str] = revoked.terminate if revoked is not None else {}
         self.totals: Counter[str] = Counter()  # tasks finished, by name (inspect stats)
         self._direct: tuple[str, ...] | None = None  # see _direct_settle
+        self.pump = Pump(self, self.app, transport)
+
+    @property
+    def quiet(self) -> asyncio.Event:
+        """Set while no broker call of the pump's is in flight."""
+        return self.pump.quiet
 
     @property
     def prefetch_limit(self) -> int:
@@ -146,9 +122,7 @@ class Consumer:
         self._direct_settle()
         if self.events is not None:
             self.events.loop = self.loop
-        self._fetching = True
-        self._pump = self.loop.create_task(self._run_pump())
-        self._pump.add_done_callback(self._ended)
+        self.pump.start(self.loop)
 
     def _direct_settle(self) -> None:
         """On an idle worker a pool child settles its job's message itself (``Job.settle``;
@@ -157,7 +131,7 @@ class Consumer:
         if getattr(self.pool, "settles_direct", False):
             self._direct = self.transport.direct_settle(self.app.backend)
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
+    def ended(self, task: asyncio.Task[None]) -> None:
         # The pump and the sleeper handle what they expect. Anything else that ends one
         # would leave the worker alive and idle with work waiting: stop it instead, so
         # that it exits non-zero and its supervisor restarts it.
@@ -171,16 +145,7 @@ class Consumer:
 
     async def stop_fetching(self) -> None:
         """Fetch no more. On return, every message fetched is in ``reserved`` or running."""
-        self._fetching = False
-        if self._sleeper is not None:
-            self._sleeper.cancel()
-            await asyncio.gather(self._sleeper, return_exceptions=True)
-        # A turn in flight may bring messages: they must land before a give-back.
-        try:
-            async with asyncio.timeout(self._guard()):
-                await self.quiet.wait()
-        except TimeoutError:
-            await self._abandon("fetching")
+        await self.pump.stop_fetching()
 
     async def give_back_reserved(self) -> int:
         """Return prefetched messages that never started; their delivery is not counted."""
@@ -198,44 +163,19 @@ class Consumer:
 
     async def flush(self) -> None:
         """Settle what finished (results, acks), then stop the pump."""
-        self._closing = True
-        self._wake.set()
-        if self._pump is not None:
-            try:
-                async with asyncio.timeout(self._guard()):
-                    await asyncio.gather(self._pump, return_exceptions=True)
-            except TimeoutError:
-                await self._abandon("settling")
-            self._pump = None
+        await self.pump.flush()
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
         self.limiter.close()
         if self.flow is not None:
             await self.flow.close()
 
-    def _guard(self) -> float:
-        # How long stopping waits for a turn in flight: a broker that neither
-        # answers nor drops the connection must not hold the shutdown forever.
-        return 2 * self.app.settings.broker_connection_timeout + 1
-
-    async def _abandon(self, doing: str) -> None:
-        logger.error("the broker did not answer within %.0fs while %s; stopping without "
-                     "it (what this worker holds is redelivered when its lease ends)",
-                     self._guard(), doing)
-        if self._pump is not None:
-            self._pump.cancel()
-            await asyncio.gather(self._pump, return_exceptions=True)
-            self._pump = None
-        self.quiet.set()
-
-    # -- the pump -------------------------------------------------------------------------
-    def _want(self, sleeping: bool = False) -> int:
+    # -- what the pump fetches, and what it brings ------------------------------------------
+    def want(self, sleeping: bool = False) -> int:
         """How many messages to fetch now: 0 above the low-water mark (or while the
         sleeper waits, unless it is the one asking)."""
-        if not self._fetching or (self._sleeper is not None and not sleeping):
+        pump = self.pump
+        if not pump.fetching or (pump.sleeper is not None and not sleeping):
             return 0
         limit = self.prefetch_limit
         # Held rate-limited messages do not count (up to a bound): they must not stop
@@ -249,163 +189,11 @@ class Consumer:
         idle = in_hand < limit and not self.reserved and self.pool.free_slots()
         return limit - in_hand if in_hand <= limit // 2 or idle else 0
 
-    async def _run_pump(self) -> None:
-        while True:
-            limit = self._fetch_limit()
-            if not (self._acks or self._results or self._after or self._finals or limit):
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if not limit and await self._linger(len(self._acks) + len(self._results)):
-                continue
-            if not await self._turn(limit):
-                return
+    def in_pool(self) -> int:
+        """Jobs in the pool (running or queued behind one): what may finish soon."""
+        return len(self.deliveries) - len(self.reserved) - self.limiter.held
 
-    def _fetch_limit(self) -> int:
-        """How many messages this turn fetches: 0 while the sleeper waits in
-        the broker for them (started here when the last fetch came back short)."""
-        limit = self._want()
-        if limit and self._drained:
-            self._sleeper = self.loop.create_task(self._sleep(limit))
-            self._sleeper.add_done_callback(self._ended)
-            return 0
-        return limit
-
-    async def _turn(self, limit: int) -> bool:
-        """One turn: store the results waiting, settle their messages, fetch up to
-        ``limit``. False when the pump must end (it failed while the worker stops)."""
-        acks, results, after, finals = self._acks, self._results, self._after, self._finals
-        self._lingering = None
-        self._acks, self._results, self._after, self._finals = [], [], [], []
-        flow = self.flow
-        unlocks = flow.take_after_store() if flow is not None else []
-        self.quiet.clear()
-        try:
-            batch = await self._settle_and_fetch(acks, results, limit)
-        except asyncio.CancelledError:
-            self._put_back(acks, results, after, finals, unlocks)
-            raise
-        except Exception as exc:
-            if self._closing:
-                logger.error("could not settle %d message(s) and store %d result(s) before "
-                             "stopping (%s: %s); the broker will redeliver them",
-                             len(acks) + len(after), len(results), type(exc).__name__, exc)
-                return False
-            self._put_back(acks, results, after, finals, unlocks)
-            await self._failed("storing results and settling messages", exc)
-            return True
-        finally:
-            self.quiet.set()
-        self._restored()
-        if flow is not None:
-            flow.unlock(unlocks)  # their results are stored
-        for delivery, reason in after:
-            self._spawn(self.transport.dead_letter(delivery, reason))
-        if finals and self.events is not None:
-            self.events.put_all(finals)
-        if limit:
-            self._drained = len(batch) < limit
-        if batch:
-            self._ingest(batch)
-        return True
-
-    async def _linger(self, pending: int) -> bool:
-        """Wait a moment for more to settle, when more is about to finish: True if it
-        waited. Without it a busy worker settled about two tasks per broker call; with
-        it batches grow with the load. A lone task is settled at once."""
-        if self._closing or pending >= LINGER_BATCH:
-            return False
-        in_pool = len(self.deliveries) - len(self.reserved) - self.limiter.held
-        if in_pool <= 0:
-            return False
-        now = self.loop.time()
-        if self._lingering is None:
-            self._lingering = now
-        remaining = self._lingering + LINGER - now
-        if remaining <= 0:
-            return False
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(remaining):
-                await self._wake.wait()
-        return True
-
-    async def _settle_and_fetch(self, acks: list[Delivery], results: list[Stored], limit: int
-                        ) -> list[Delivery]:
-        namespace = self.transport.results_namespace(self.app.backend) if results else None
-        if results and namespace is None:
-            await self._store(results)
-            results = []
-        if not (acks or results or limit):
-            return []
-        return await self.transport.settle_and_fetch(acks, results, namespace, self.queues, limit)
-
-    async def _store(self, results: list[Stored]) -> None:
-        backend = self.app.backend
-        if not backend.network:
-            backend.store_many(results)
-            return
-        # A thread, so that a slow result server cannot stall heartbeats and acks.
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="celeriac-results")
-        await self.loop.run_in_executor(self._executor, backend.store_many, results)
-
-    def _put_back(self, acks: list[Delivery], results: list[Stored],
-                  after: list[tuple[Delivery, str]], finals: list[Event],
-                  unlocks: list[tuple[dict[str, Any], str]]) -> None:
-        # In front of what came meanwhile: the next turn retries them (a repeat is
-        # harmless: stores overwrite, acks of settled messages are no-ops).
-        self._acks[:0] = acks
-        self._results[:0] = results
-        self._after[:0] = after
-        self._finals[:0] = finals
-        if self.flow is not None:
-            self.flow.after_store[:0] = unlocks
-
-    async def _sleep(self, limit: int) -> None:
-        """Wait in the broker for messages (the queues were empty when last fetched)."""
-        try:
-            while limit:
-                try:
-                    got = await self.transport.wait_ready(self.queues, limit, FETCH_TIMEOUT)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    # Still the sleeper while it backs off: no second one starts meanwhile.
-                    await self._failed("fetching from the broker", exc)
-                    return
-                self._restored()
-                # None: it only waited; the next turn fetches what woke it.
-                batch = got or []
-                self._drained = got is not None and len(batch) < limit
-                if batch:
-                    self._ingest(batch)
-                # Still short: wait again from here, as the pump would after one more
-                # wake-up of its own (an idle worker's every task); else the pump fetches.
-                limit = self._want(sleeping=True) if self._drained else 0
-        finally:
-            self._sleeper = None
-            self._wake.set()
-
-    async def _failed(self, doing: str, exc: Exception) -> None:
-        # The broker (or result store) went away: back off (exponential, with jitter so a
-        # fleet of workers does not reconnect in lockstep) and try again, for as long as
-        # the worker runs. Messages in hand keep running; what they finish waits.
-        self._failures += 1
-        delay = backoff(self._failures)
-        logger.error("%s failed (%s: %s); retry %d in %.1fs", doing, type(exc).__name__,
-                     exc, self._failures, delay)
-        await asyncio.sleep(delay)
-
-    def _restored(self) -> None:
-        if self._failures:
-            logger.warning("broker connection restored after %d failed attempt(s)",
-                           self._failures)
-            self._failures = 0
-
-    def _ingest(self, batch: list[Delivery]) -> None:
+    def ingest(self, batch: list[Delivery]) -> None:
         for delivery in batch:
             try:
                 self._on_delivery(delivery)
@@ -440,10 +228,9 @@ class Consumer:
                          reason)
             exc = WorkerLostError(reason)
             self._result(task_id, states.FAILURE, exc, d)
-            self._after.append((d, reason))
             if events is not None:
-                self._finals.append(events.failed(task_id, exception_repr(exc)))
-            return self._wake.set()
+                self.pump.final(events.failed(task_id, exception_repr(exc)))
+            return self.pump.dead_letter(d, reason)
         now = utcnow()
         expires = parse_time(headers.get("expires"))
         if expires is not None and expires <= now:
@@ -457,14 +244,13 @@ class Consumer:
             except BrokerError as exc:
                 logger.warning("Task %s[%s] could not be parked until its eta (%s); "
                                "giving it back", name, task_id, exc)
-                self._spawn(self.transport.requeue([d], redelivered=False))
+                self.spawn(self.transport.requeue([d], redelivered=False))
                 return None
-            self._acks.append(d)
-            return self._wake.set()
+            return self.pump.ack(d)
         self._next_seq += 1
         # The queues ran dry and fewer are in hand than children: nothing to batch its
         # settling with (a drain's fetches come back full), so the child settles it.
-        settle = (*self._direct, d.tag) if self._direct and self._drained and len(
+        settle = (*self._direct, d.tag) if self._direct and self.pump.drained and len(
             self.deliveries) < self.pool.concurrency and self.app.tasks[name].acks_late \
             else None
         job = Job(self._next_seq, headers, d.message.body, d.message.content_type, d.queue,
@@ -494,21 +280,17 @@ class Consumer:
             self.flow.dropped(d.message.headers)
         if d.message.headers.get("group"):  # a chord's header task: its part counts, as
             # Celery counts a revoked one, before its message is acknowledged (revoking.py)
-            def ack(done: Delivery) -> None:
-                self._acks.append(done)
-                self._wake.set()
-
-            self._spawn(revoked_on_arrival(self.app, self.transport, d, reason, ack))
+            self.spawn(revoked_on_arrival(self.app, self.transport, d, reason, self.pump.ack))
         else:
-            self._acks.append(d)
+            self.pump.ack(d)
         if self.events is not None:
             event = self.events.expired(task_id)
             if not expired:
                 event["reason"], event["expired"] = reason, False
-            self._finals.append(event)
+            self.pump.final(event)
         if self.app.hooks:
             self.app.hooks.call("task_revoked", received_request(d, self.worker.hostname), expired)
-        self._wake.set()
+        self.pump.wake.set()
 
     def revoke_waiting(self, ids: set[str] | None = None) -> int:
         """Settle the jobs of ``ids`` (None: those whose stamps are revoked now) that wait
@@ -524,8 +306,7 @@ class Consumer:
 
     def _skip(self, job: Job) -> None:
         """Acknowledge a job that must not run again (limits.py: it succeeded)."""
-        self._acks.append(self.deliveries.pop(job.seq))
-        self._wake.set()
+        self.pump.ack(self.deliveries.pop(job.seq))
 
     def _drop_revoked(self, job: Job) -> None:
         if self.flow is not None:
@@ -562,8 +343,7 @@ class Consumer:
             task = self.app.tasks[name]
             if not task.acks_late:
                 # At-most-once: the message is gone before the task runs.
-                self._acks.append(self.deliveries[job.seq])
-                self._wake.set()
+                self.pump.ack(self.deliveries[job.seq])
             try:
                 self.pool.submit(job)
             except Exception as exc:
@@ -576,12 +356,12 @@ class Consumer:
 
     def on_slot(self) -> None:
         self._dispatch()
-        self._wake.set()  # a child came up (the pool grew): the pump may fetch for it
+        self.pump.wake.set()  # a child came up (the pool grew): the pump may fetch for it
 
     def _rate_due(self) -> None:
         # The Timer's call: a held job's token accrued. Not once stopping: a warm stop
         # gives held jobs back, a cold one has killed the pool.
-        if self._fetching:
+        if self.pump.fetching:
             self._dispatch()
 
     def on_job_started(self, job: Job) -> None:
@@ -613,7 +393,7 @@ class Consumer:
         if self._revoked and job.headers["id"] in self._revoked:
             return self._drop_revoked(job)
         self.reserved.appendleft(job)
-        if self._fetching:  # a warm stop gives it back with the other reserved ones
+        if self.pump.fetching:  # a warm stop gives it back with the other reserved ones
             self._dispatch()
 
     # -- completion ---------------------------------------------------------------------
@@ -621,8 +401,9 @@ class Consumer:
         self.worker.processed += 1
         self.totals[job.headers["task"]] += 1
         delivery = self.deliveries.pop(job.seq, None)
+        pump = self.pump
         if outcome.stored is not None:
-            self._results.append(outcome.stored)
+            pump.store(outcome.stored)
         if self.flow is not None:
             self.flow.finished(job, outcome)
         if self.events is not None:
@@ -633,8 +414,8 @@ class Consumer:
         elif delivery is not None:
             self._settle_later(job, delivery, outcome)
         self._dispatch()
-        if not outcome.settled or self._sleeper is None:  # else nothing for the pump
-            self._wake.set()
+        if not outcome.settled or pump.sleeper is None:  # else nothing for the pump
+            pump.wake.set()
 
     def _settle_later(self, job: Job, delivery: Delivery, outcome: Outcome) -> None:
         """Queue the message's settling as ``outcome`` says, for the pump's next turn."""
@@ -642,16 +423,16 @@ class Consumer:
         if action == "ack":
             task = self.app.tasks.get(job.headers["task"])
             if task is None or task.acks_late:
-                self._acks.append(delivery)
+                self.pump.acks.append(delivery)  # on_job_done wakes the pump
         elif action == "dead_letter":
-            self._after.append((delivery, outcome.reason or "rejected"))
+            self.pump.after.append((delivery, outcome.reason or "rejected"))
         else:
             # A requeue with a reason is a loss (its process died): it waits a while,
             # longer with each loss, so a task that kills its process every time
             # cannot spin the pool. A task's own Reject(requeue=True) goes back now.
             delay = self._redelivery_delay(delivery.delivery_count) if outcome.reason \
                 else 0.0
-            self._spawn(self.transport.requeue([delivery], redelivered=True, delay=delay))
+            self.spawn(self.transport.requeue([delivery], redelivered=True, delay=delay))
 
     def _final_event(self, events: TaskEvents, job: Job, outcome: Outcome) -> None:
         final = events.outcome(job.headers["id"], outcome)  # sent once the result is stored
@@ -661,7 +442,7 @@ class Consumer:
         if final is not None and outcome.settled:
             events.put(final)  # its result is stored already
         elif final is not None:
-            self._finals.append(final)
+            self.pump.final(final)
 
     def _redelivery_delay(self, losses: int) -> float:
         base: float = self.app.settings.task_redelivery_delay
@@ -670,8 +451,8 @@ class Consumer:
     def _result(self, task_id: str, state: str, result: Any, d: Delivery) -> None:
         try:
             # The message's properties: rpc:// replies to the reply_to they name.
-            self._results.append(self.app.backend.encode(task_id, state, result,
-                                                         properties=d.message.properties))
+            self.pump.store(self.app.backend.encode(task_id, state, result,
+                                                     properties=d.message.properties))
         except Exception:
             logger.exception("Task [%s] could not store state %s", task_id, state)
 
@@ -685,10 +466,9 @@ class Consumer:
             self._result(task_id, states.FAILURE, refusal.error, d)
             if self.events is not None:
                 self.events.rejected(task_id, refusal.reason, requeue=False)
-        self._after.append((d, refusal.reason))
-        self._wake.set()
+        self.pump.dead_letter(d, refusal.reason)
 
-    def _spawn(self, op: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, op: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(op)
         self._pending.add(task)
         task.add_done_callback(self._op_done)
