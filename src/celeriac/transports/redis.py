@@ -16,9 +16,8 @@ still consume, publish with ``broker_transport_options={"compact_messages": Fals
 One round trip each: ``publish_many``, a ``fetch`` of up to ``limit`` messages across
 several queues, an ``ack`` of a batch, a lease renewal. An idle fetch does not poll: the
 fetch script registers the consumer as idle on its queues, and the consumer BLPOPs its
-own wake list until the next delayed message is due; whatever makes messages ready in
-one of those queues pushes a token to one idle consumer per message (not to every one of
-them: the rest would fetch nothing). The worker's sleeper (``wait_ready``) writes the
+own wake list until the next delayed message is due; whatever makes a message ready in
+one of those queues pushes it a token. The worker's sleeper (``wait_ready``) writes the
 next fetch behind its BLPOP on a connection of its own, so a wake-up and its messages
 come back in one round trip. Broadcasts are Redis pub/sub, on channels named
 by ``Endpoint.channel``: ``<namespace>:bc:<db>:<channel>``, so that apps on other

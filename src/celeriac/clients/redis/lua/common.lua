@@ -27,10 +27,9 @@
 --   <ns>:consumers        zset    consumer -> lease expiry (unix ms). Any heartbeat renews
 --                                 its own and returns every expired consumer's ids.
 --   <ns>:idle:<queue>     set     consumers asleep in a fetch that found this queue empty.
---   <ns>:wake:<consumer>  list    an idle consumer BLPOPs it; whatever makes messages ready
---                                 (or delayed) in a queue pushes a token to as many consumers
---                                 of that queue's idle set as it made messages, taking them
---                                 out of the set (one wake per message, not a herd).
+--   <ns>:wake:<consumer>  list    an idle consumer BLPOPs it; whatever makes a message ready
+--                                 (or delayed) in a queue pushes a token to each consumer in
+--                                 that queue's idle set, then empties the set.
 --   <ns>:dead             zset    dead-lettered ids, score = order of death (from <ns>:seq).
 --
 -- Broadcasts use pub/sub channels <ns>:bc:<db>:<channel> (Endpoint.channel) and no
@@ -58,12 +57,11 @@ end
 -- A token left for a consumer that died while idle must not linger forever.
 local WAKE_TTL_MS = 60000
 
--- Queues that got ready or delayed messages in this script, and how many: notify() wakes
--- that many of their sleepers.
+-- Queues that got a ready or delayed message in this script: notify() wakes their sleepers.
 local touched = {}
 
 local function touch(q)
-  touched[q] = (touched[q] or 0) + 1
+  touched[q] = true
 end
 
 -- A message's string: score, queue, envelope and body, the lengths first so that any
@@ -182,14 +180,18 @@ local function put_delayed(id, q, due)
   touch(q)
 end
 
--- Wake one consumer asleep on a touched queue per message made ready (or delayed) there,
--- taking it out of the idle set: it registers again with its next fetch that comes back
--- short. Waking every sleeper for one message would have all but one of them fetch
--- nothing. A woken consumer that dies before it fetches costs the message at most the
--- other sleepers' BLPOP timeout (the worker's FETCH_TIMEOUT): they fetch then anyway.
+-- Wake each consumer asleep on a touched queue with one token, taking them all out of its
+-- idle set (SPOP: the set's members and its deletion in one call); a consumer registers
+-- again with every fetch that comes back short. Every sleeper, not one per message: a
+-- consumer stays registered after a short fetch even once it has no room left (its
+-- children busy), and a token sent to it alone would leave the message waiting while
+-- another worker idles. A bound keeps one call short; past it the rest wait for the next
+-- publish, or their BLPOP's timeout.
+local WAKE_AT_MOST = 1000
+
 local function notify()
-  for q, n in pairs(touched) do
-    for _, c in ipairs(redis.call('SPOP', key('idle', q), n)) do
+  for q in pairs(touched) do
+    for _, c in ipairs(redis.call('SPOP', key('idle', q), WAKE_AT_MOST)) do
       local w = key('wake', c)
       redis.call('RPUSH', w, 1)
       redis.call('PEXPIRE', w, WAKE_TTL_MS)
