@@ -116,6 +116,9 @@ class ScriptedServer:
                         break  # silent from now on; the connection stays open
                     if b"SLOW" in data:
                         time.sleep(0.05)  # sleep-ok: the slow reply the test is about
+                    if b"LOADME" in data:  # a restarted server still reading its dataset
+                        conn.sendall(b"-LOADING Redis is loading the dataset in memory\r\n")
+                        continue
                     conn.sendall(b"+PONG\r\n" if b"PING" in data else b"+OK\r\n")
 
     def lane(self, read_timeout: float) -> SyncLane:
@@ -153,6 +156,22 @@ def test_sync_lane_stops_spinning_for_a_slow_server_and_tries_again_later(
             assert lane.call("PING") == b"PONG"
         assert lane._resting == 0
         assert lane.call("SLOW") == b"OK" and lane._misses == 1
+    finally:
+        lane.close()
+
+
+def test_a_server_still_loading_its_dataset_is_a_connection_error_retried(
+        server: ScriptedServer) -> None:
+    """LOADING (a Redis just restarted) is what redis-py makes it, BusyLoadingError, a
+    ConnectionError the connector retries, not a reply error that fails the call."""
+    from celeriac.clients.redis.connector import RETRYABLE
+
+    lane = server.lane(2.0)
+    try:
+        with pytest.raises(redis.exceptions.BusyLoadingError) as caught:
+            lane.call("LOADME")
+        assert isinstance(caught.value, RETRYABLE)
+        assert lane.call("PING") == b"PONG"  # the stream stays in step
     finally:
         lane.close()
 

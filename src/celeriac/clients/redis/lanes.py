@@ -79,6 +79,9 @@ def _reply_error(reply: hiredis.ReplyError) -> redis.RedisError:
         return redis.exceptions.NoScriptError(text)
     if text.startswith("READONLY"):
         return redis.ReadOnlyError(text)
+    if text.startswith("LOADING"):
+        # A restarted server reading its dataset: a ConnectionError, retried as one.
+        return redis.exceptions.BusyLoadingError(text)
     if text.startswith(("NOAUTH", "WRONGPASS")):
         return redis.AuthenticationError(text)
     return redis.ResponseError(text)
