@@ -104,7 +104,7 @@ def short_repr(value: Any) -> str:
 
 def args_repr(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
     # Every delay() makes these. No arguments, or a few plain ones, is the common case:
-    # plain repr gives what reprlib would (nothing there is cut), at a tenth of the cost.
+    # plain repr gives what reprlib would (nothing there is cut), without its dispatch.
     if not args:
         a = "()"
     elif len(args) <= _repr.maxtuple and all(map(_plain, args)):

@@ -60,10 +60,6 @@ local WAKE_TTL_MS = 60000
 -- Queues that got a ready or delayed message in this script: notify() wakes their sleepers.
 local touched = {}
 
-local function touch(q)
-  touched[q] = true
-end
-
 -- A message's string: score, queue, envelope and body, the lengths first so that any
 -- bytes may follow. A fair score is a number: %.17g keeps all its digits.
 local function pack_msg(q, s, e, b)
@@ -168,7 +164,7 @@ local function make_ready(id, uncounted)
     uncount(id, old)
   end
   redis.call('ZADD', key('q', q), s, id)
-  touch(q)
+  touched[q] = true
   return q
 end
 
@@ -177,7 +173,7 @@ end
 local function put_delayed(id, q, due)
   redis.call('ZADD', key('delayed'), due, id)
   redis.call('SADD', key('dq', q), id)
-  touch(q)
+  touched[q] = true
 end
 
 -- Wake each consumer asleep on a touched queue with one token, taking them all out of its

@@ -12,7 +12,7 @@ for _, q in ipairs(queues) do
   local id = new_id()
   store_msg(id, q, ARGV[3], ARGV[4], ARGV[5])
   redis.call('ZADD', key('q', q), ARGV[3], id)
-  touch(q)
+  touched[q] = true
 end
 notify()
 return #queues

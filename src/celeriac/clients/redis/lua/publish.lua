@@ -69,7 +69,7 @@ for i = 0, count - 1 do
     put_delayed(id, q, now + delay)
   else
     redis.call('ZADD', key('q', q), s, id)
-    touch(q)
+    touched[q] = true
   end
 end
 flush_fair()
