@@ -39,6 +39,10 @@ class AsyncResult(Generic[R]):
         self.parent: AsyncResult[Any] | GroupResult | None = None
         """The result of the task that sent this one, where the caller knows it."""
         self._ignored: bool | None = None
+        self.sent_at: float | None = None
+        """``time.monotonic()`` just before the task was sent, where this process sent it:
+        a backend's wait position taken earlier than that precedes its result
+        (``ResultBackend.wait_for``'s ``since``)."""
 
     @property
     def task_id(self) -> str:
@@ -237,7 +241,7 @@ class AsyncResult(Generic[R]):
         follow = follow_parents and propagate and self.parent is not None
         if follow:
             self._maybe_reraise_parent_error()
-        meta = self.app.backend.wait_for([self.id], timeout).get(self.id)
+        meta = self.app.backend.wait_for([self.id], timeout, since=self.sent_at).get(self.id)
         if meta is None:
             raise ResultTimeout(f"task {self.id} not ready after {timeout}s")
         if follow and meta.state in _PROPAGATE_STATES:

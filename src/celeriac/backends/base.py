@@ -256,19 +256,29 @@ class ResultBackend(abc.ABC):
                           children if isinstance(children, list) and children else None)
 
     def wait_for(self, task_ids: Iterable[str], timeout: float | None,
-                 on_ready: Callable[[ResultMeta], None] | None = None) -> dict[str, ResultMeta]:
+                 on_ready: Callable[[ResultMeta], None] | None = None, *,
+                 since: float | None = None) -> dict[str, ResultMeta]:
         """Block until every one of ``task_ids`` is ready or ``timeout`` passes.
 
         Returns the ready results seen (fewer than asked on timeout). ``on_ready`` is
-        called once per result as it becomes ready (progress bars).
+        called once per result as it becomes ready (progress bars). ``since``: the
+        ``time.monotonic()`` before the tasks were sent, where the caller knows it.
         """
         pending = set(task_ids)
         done: dict[str, ResultMeta] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
-        # The cursor is taken before the first full read, so a result written during it
-        # shows up in the next change set: nothing falls between the two.
-        cursor, read = self._cursor_and_read(list(pending)) if len(pending) <= DIRECT_READ \
-            else (self._cursor(), None)
+        cursor: int | None = None
+        if len(pending) > DIRECT_READ:
+            cursor, read = self._cursor(), None
+        elif since is not None and self._position_before(since):
+            # This thread's wait position was taken before the tasks were sent, so their
+            # results come after it: the first read can be the wait itself.
+            read = self._wait_read(min(1.0 if timeout is None else timeout, 1.0),
+                                   list(pending))
+        else:
+            # The cursor is taken before the first full read, so a result written during
+            # it shows up in the next change set: nothing falls between the two.
+            cursor, read = self._cursor_and_read(list(pending))
         candidates: list[str] | set[str] = pending
         while True:
             self._collect(candidates, pending, done, on_ready, read)
@@ -318,6 +328,12 @@ class ResultBackend(abc.ABC):
         """``_cursor()``, then ``_get(task_ids)`` if the backend can do both in one round
         trip (None: the caller reads)."""
         return self._cursor(), None
+
+    def _position_before(self, since: float) -> bool:
+        """Whether this thread's wait position (``_wait_read``'s) was taken before the
+        ``time.monotonic()`` ``since``, recently enough to be worth starting from; no
+        backend without a change feed has one."""
+        return False
 
     def _wait_read(self, timeout: float, task_ids: Sequence[str]
                    ) -> dict[str, tuple[str, bytes]] | None:

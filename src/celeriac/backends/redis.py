@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 FEED_LENGTH = 100_000
 """Change entries kept; a waiter that falls further behind rescans what it waits for."""
 _PAGE = 10_000
+POSITION_FRESH = 0.02
+"""Seconds: how old a thread's wait position may be for a ``get()`` to start waiting from
+it (``_position_before``), skipping the read that takes a new one. Older, the feed entries
+written since (every result's) could cost more to read than the round trip it saves."""
 _MAX_BLOCK = 1.0
 """Longest XREAD BLOCK (s); base.wait_for never asks for more."""
 
@@ -139,8 +143,18 @@ class RedisBackend(ResultBackend):
         """The cursor at the newest of ``entries`` (an XREVRANGE reply), kept as this
         thread's wait position too."""
         stream_id = entries[0][0].decode() if entries else "0-0"
-        self._local.last = stream_id
+        self._moved(stream_id)
         return _pack(stream_id)
+
+    def _moved(self, stream_id: str) -> None:
+        """This thread's wait position is now ``stream_id``, as of this moment."""
+        self._local.last = stream_id
+        self._local.at = time.monotonic()
+
+    def _position_before(self, since: float) -> bool:
+        at: float | None = getattr(self._local, "at", None)
+        # Recent, too: a position far behind would cost reads of what came since.
+        return at is not None and at < since and time.monotonic() - at < POSITION_FRESH
 
     def _cursor_and_read(self, task_ids: Sequence[str]
                          ) -> tuple[int | None, dict[str, tuple[str, bytes]] | None]:
@@ -168,7 +182,7 @@ class RedisBackend(ResultBackend):
                 start = entries[-1][0].decode()
             if len(entries) < _PAGE:
                 break
-        self._local.last = start
+        self._moved(start)
         return _pack(start), written
 
     def _wait(self, timeout: float) -> None:
@@ -198,7 +212,7 @@ class RedisBackend(ResultBackend):
         if woken:
             # Past what it returned: the next wait sleeps until something newer (a
             # waiter that rereads its ids directly never calls _changes to move it).
-            self._local.last = woken[0][1][-1][0].decode()
+            self._moved(woken[0][1][-1][0].decode())
         return _values(task_ids, values) if task_ids else None
 
     def _block_read(self, client: Client, ns: str, last: str, block: int,

@@ -6,6 +6,7 @@ with the ``before_publish``/``after_publish`` hooks, the publish's retry policy 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 def send(app: Celeriac, name: str, args: Sequence[Any] | None,
          kwargs: Mapping[str, Any] | None, options: SendOptions) -> _result.AsyncResult[Any]:
     """Build and publish one task message; its ``AsyncResult``."""
+    sent_at = time.monotonic()
     flow = _flow.spec(app, name)
     if (flow is not None or options.fair_key is not None) and not _flow.applied(options):
         return _flow.send(app, name, args, kwargs, options, flow, send)  # then here again
@@ -55,6 +57,7 @@ def send(app: Celeriac, name: str, args: Sequence[Any] | None,
     if app.settings.task_send_sent_event:
         sent_event(app, message, queue)
     result: _result.AsyncResult[Any] = _result.AsyncResult(task_id, app, name)
+    result.sent_at = sent_at
     if options.ignore_result:
         result.ignored = True  # get() returns None at once (Celery's)
     return result
