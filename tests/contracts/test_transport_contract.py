@@ -725,8 +725,11 @@ def test_idle_fetch_returns_a_delayed_message_published_while_it_waits(
 
         async def publish_later() -> float:
             await asyncio.sleep(IDLE / 2)  # sleep-ok: let the consumer fall asleep in its fetch
+            # Taken before the call: the delay runs from the broker's moment in it, and
+            # on a loaded machine the call may return late.
+            began = time.monotonic()
             producer.publish(Q, message(1), delay=0.3)
-            return time.monotonic()
+            return began
 
         task = asyncio.ensure_future(publish_later())
         got = await c.fetch([Q], 10, 3.0)
