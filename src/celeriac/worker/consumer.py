@@ -423,9 +423,9 @@ class Consumer:
         if action == "ack":
             task = self.app.tasks.get(job.headers["task"])
             if task is None or task.acks_late:
-                self.pump.acks.append(delivery)  # on_job_done wakes the pump
+                self.pump.ack(delivery)
         elif action == "dead_letter":
-            self.pump.after.append((delivery, outcome.reason or "rejected"))
+            self.pump.dead_letter(delivery, outcome.reason or "rejected")
         else:
             # A requeue with a reason is a loss (its process died): it waits a while,
             # longer with each loss, so a task that kills its process every time
