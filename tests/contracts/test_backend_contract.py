@@ -149,7 +149,11 @@ def test_results_expire_and_cleanup_deletes_them(backend: BackendFactory) -> Non
     t0 = time.monotonic()
     short.store("short-1", states.SUCCESS, 1)
     short.store("short-2", states.FAILURE, ValueError("x"))
-    assert short.get("short-1") is not None and short.get("short-2") is not None
+    stored = short.get_many(["short-1", "short-2"])
+    if time.monotonic() - t0 < 0.2 - EARLY:
+        # Read back within the window (a loaded machine may not get there in time: the
+        # expiry below is then all that can be checked).
+        assert set(stored) == {"short-1", "short-2"}
 
     wait_until(lambda: not short.get_many(["short-1", "short-2"]), 10.0,
                message="the results expired")
