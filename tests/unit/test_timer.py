@@ -46,10 +46,13 @@ def test_call_repeatedly_does_not_drift_and_survives_a_failing_callback(
 
     ticks, start = asyncio.run(main())
     assert len(ticks) == 10
-    # Tick k lands on start + k*interval; its error does not accumulate. The bound is
-    # half the drift naive re-scheduling would show, and leaves a loaded machine's
-    # scheduling delay of the last tick room.
-    assert ticks[-1] - start == pytest.approx(10 * 0.05, abs=0.1)
+    # Tick k lands on start + k*interval; its error does not accumulate. Naive
+    # re-scheduling would have each of the last three ticks 0.14 s late or more; one of
+    # them on time within 0.1 s shows no drift, and leaves a loaded machine's scheduling
+    # delay of any single tick room.
+    late = [t - (start + k * 0.05) for k, t in enumerate(ticks, 1)]
+    assert min(late) > -0.01  # never early
+    assert min(late[-3:]) < 0.1, late
     assert caplog.text.count("raised") == 3
 
 
