@@ -341,9 +341,14 @@ def validate_headers(headers: Any) -> str | None:
         return "headers are not a mapping"
     if DECODE_ERROR_HEADER in headers:
         return str(headers[DECODE_ERROR_HEADER])
-    for key in headers:
-        if not isinstance(key, str) or not _is_utf8(key):
-            return f"header name {_show(key)} is not UTF-8 text"
+    try:
+        names: str | None = "".join(headers)  # one test of every name, not one each
+    except TypeError:  # a name that is not a string
+        names = None
+    if names is None or not names.isascii():
+        for key in headers:
+            if not isinstance(key, str) or not _is_utf8(key):
+                return f"header name {_show(key)} is not UTF-8 text"
     if reason := _check_identity(headers):
         return reason
     # The text headers inline, the others through their checks' table: this runs in the

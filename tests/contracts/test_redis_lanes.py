@@ -160,6 +160,22 @@ def test_sync_lane_stops_spinning_for_a_slow_server_and_tries_again_later(
         lane.close()
 
 
+def test_a_spinning_lane_gives_its_cpu_way_between_polls(
+        server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On 2 CPUs a spin that never yields keeps Redis (whose reply it waits for) or a pool
+    # child off its CPU: it must let any runnable process go first (docs/speed.md).
+    yields: list[int] = []
+    monkeypatch.setattr(lanes.os, "sched_yield", lambda: yields.append(1))
+    lane = server.lane(read_timeout=4.0)
+    try:
+        lane._misses = 0
+        yields.clear()  # the handshake's
+        assert lane.call("SLOW") == b"OK"  # 50 ms: the whole spin polls in vain
+        assert yields and lane._misses == 1
+    finally:
+        lane.close()
+
+
 def test_a_server_still_loading_its_dataset_is_a_connection_error_retried(
         server: ScriptedServer) -> None:
     """LOADING (a Redis just restarted) is what redis-py makes it, BusyLoadingError, a

@@ -77,6 +77,7 @@ GOOD = {"task": "t", "id": "1", "eta": "2030-01-01T00:00:00+00:00", "expires": N
     ({"group_index": -2}, "'group_index' header -2 (int)"),
     ({"ignore_result": "yes"}, "'ignore_result' header 'yes' is not a boolean"),
     ({"\udcff\udcfekey": 1}, "header name b'\\xff\\xfekey' is not UTF-8 text"),
+    ({7: 1}, "header name 7 (int) is not UTF-8 text"),
     ({"id": "\udcff"}, "missing or invalid 'id' header: b'\\xff'"),
 ])
 def test_every_header_the_worker_reads_is_checked(changes: dict[str, object],
@@ -84,6 +85,10 @@ def test_every_header_the_worker_reads_is_checked(changes: dict[str, object],
     assert validate_headers(GOOD) is None
     got = validate_headers({**GOOD, **changes})
     assert got is not None and got.startswith(reason), got
+
+
+def test_a_header_name_beyond_ascii_passes() -> None:
+    assert validate_headers({**GOOD, "clé": 1, "名前": "x"}) is None
 
 
 def test_content_type_and_priority_are_checked() -> None:
