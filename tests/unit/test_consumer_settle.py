@@ -1,5 +1,6 @@
 """The consumer's pump on the memory transport: results are stored before their messages
-are acked, a failing result store holds the acks back, fetches come in batches."""
+are acked, a failing result store holds the acks back, fetches come in batches, and a
+backlog is polled for rather than woken for message by message."""
 
 from __future__ import annotations
 
@@ -124,3 +125,60 @@ def test_fetches_come_in_batches_at_the_low_water_mark(app: Celeriac) -> None:
             r.get(timeout=5)
     assert sum(limits) >= 40 and min(limits) >= 2, limits
     assert len(limits) <= 21, limits
+
+
+def test_a_backlog_is_polled_for_and_an_empty_poll_brings_the_sleeper_back() -> None:
+    """A fetch that finds several messages as the queues run dry means a wake-up per
+    message falls behind: the pump polls (its acks riding along) until a poll finds
+    nothing. A lone task, an idle worker's round trip, is woken for and never polled."""
+    name = uuid.uuid4().hex
+    app = Celeriac("t", broker=f"memory://{name}", backend=f"memory://{name}",
+                   worker_prefetch_multiplier=8)  # solo: the sleeper asks for up to 8
+    try:
+        calls = _polls_and_wakes(app)
+    finally:
+        app.close()
+    burst = calls.index(("woke", 4))
+    after = calls[burst + 1:calls.index(("wait", -1), burst)]
+    assert after and all(kind == "fetch" for kind, _ in after), calls  # polled
+    assert after[-1] == ("fetch", 0), calls  # until a poll found nothing
+
+
+def _polls_and_wakes(app: Celeriac) -> list[tuple[str, int]]:
+    """A lone task, then a burst of four, through a worker on ``app``; its fetches and
+    the sleeper's waits, in order (what each brought)."""
+    @app.task
+    def nothing() -> None: ...
+
+    calls: list[tuple[str, int]] = []
+    transport = app.transport
+    real_poll, real_wait = transport.settle_and_fetch, transport.wait_ready
+
+    async def settle_and_fetch(acks: Sequence[Delivery], results: Sequence[Stored],
+                               namespace: str | None, queues: Sequence[str], limit: int
+                               ) -> list[Delivery]:
+        got = await real_poll(acks, results, namespace, queues, limit)
+        if limit:
+            calls.append(("fetch", len(got)))
+        return got
+
+    async def wait_ready(queues: Sequence[str], limit: int, timeout: float
+                         ) -> list[Delivery] | None:
+        calls.append(("wait", -1))
+        got = await real_wait(queues, limit, timeout)
+        calls.append(("woke", len(got or [])))
+        return got
+
+    transport.settle_and_fetch = settle_and_fetch  # type: ignore[method-assign]
+    transport.wait_ready = wait_ready  # type: ignore[method-assign]
+    with ThreadedWorker(app):
+        wait_until(lambda: ("wait", -1) in calls, 5, message="the sleeper waits")
+        nothing.delay().get(timeout=5)
+        lone = calls.index(("woke", 1))
+        wait_until(lambda: len(calls) > lone + 1, 5)
+        assert calls[lone + 1] == ("wait", -1), calls  # woken again, not polled
+        for r in nothing.delay_many([()] * 4):  # one publish: the wake finds all four
+            r.get(timeout=5)
+        burst = calls.index(("woke", 4))
+        wait_until(lambda: ("wait", -1) in calls[burst:], 5, message="asleep again")
+    return calls

@@ -249,10 +249,12 @@ class Consumer:
             return self.pump.ack(d)
         self._next_seq += 1
         # The queues ran dry and fewer are in hand than children: nothing to batch its
-        # settling with (a drain's fetches come back full), so the child settles it.
-        settle = (*self._direct, d.tag) if self._direct and self.pump.drained and len(
-            self.deliveries) < self.pool.concurrency and self.app.tasks[name].acks_late \
-            else None
+        # settling with (a drain's fetches come back full, dense arrivals' polls carry
+        # their acks), so the child settles it.
+        pump = self.pump
+        settle = (*self._direct, d.tag) if self._direct and pump.drained and not pump.dense \
+            and len(self.deliveries) < self.pool.concurrency \
+            and self.app.tasks[name].acks_late else None
         job = Job(self._next_seq, headers, d.message.body, d.message.content_type, d.queue,
                   d.delivery_count, self.worker.hostname, d.message.properties or None,
                   settle)

@@ -38,6 +38,12 @@ LINGER = 0.002
 """Seconds a busy worker may hold finished tasks' results and acks to batch them."""
 LINGER_BATCH = 64
 """...unless this many are waiting."""
+POLL = 0.001
+"""Seconds between fetches while arrivals are dense (``Pump.dense``)."""
+DENSE_ENTER = 3
+"""A fetch that brings at least this many while the queues run dry: arrivals are dense..."""
+DENSE_LEAVE = 0
+"""...until a poll brings no more than this many."""
 
 
 class Pump:
@@ -58,6 +64,10 @@ class Pump:
         self.fetching = False
         self.drained = False
         """The last fetch came back short: the next one waits in the broker (sleeper)."""
+        self.dense = False
+        """Arrivals outpace a wake-up per message: the pump polls every ``POLL`` seconds,
+        its acks riding with the fetches, instead of the sleeper waking per message."""
+        self._polled = 0.0  # when the pump last fetched
         self.closing = False
         self.failures = 0
         self.sleeper: asyncio.Task[None] | None = None
@@ -145,6 +155,8 @@ class Pump:
                 continue
             if not limit and await self._linger(len(self.acks) + len(self.results)):
                 continue
+            if limit and self.dense and self.drained and await self._poll_wait():
+                continue
             if not await self._turn(limit):
                 return
 
@@ -152,7 +164,7 @@ class Pump:
         """How many messages this turn fetches: 0 while the sleeper waits in
         the broker for them (started here when the last fetch came back short)."""
         limit = self.consumer.want()
-        if limit and self.drained:
+        if limit and self.drained and not self.dense:
             self.sleeper = self.loop.create_task(self._sleep(limit))
             self.sleeper.add_done_callback(self.consumer.ended)
             return 0
@@ -192,9 +204,35 @@ class Pump:
         if finals and events is not None:
             events.put_all(finals)
         if limit:
+            self._polled = self.loop.time()
             self.drained = len(batch) < limit
+            self._density(len(batch))
         if batch:
             self.consumer.ingest(batch)
+        return True
+
+    def _density(self, fetched: int) -> None:
+        """Whether arrivals are dense, from a fetch of ``fetched`` messages. A wake-up per
+        message costs the worker and Redis about 1.7 times a drained task's CPU (the
+        wake, a fetch and an ack each alone): at half the maximum drain that fills two
+        CPUs, a backlog forms, the worker drains it in batches, and the cycle repeats
+        with latencies of tens of milliseconds (docs/speed.md, "Latency under load").
+        A fetch that finds a backlog says the wake-ups fall behind; polling then costs
+        one round trip per ``POLL`` for every arrival in it, acks included, at the
+        price of up to ``POLL`` of waiting. A poll that finds one message or none says
+        a wake-up per message keeps up again. An idle worker's round trip fetches one
+        message at a time and never polls."""
+        if fetched >= DENSE_ENTER:
+            self.dense = True
+        elif fetched <= DENSE_LEAVE:
+            self.dense = False
+
+    async def _poll_wait(self) -> bool:
+        """Wait until the next poll is due (dense arrivals): True if it waited."""
+        remaining = self._polled + POLL - self.loop.time()
+        if remaining <= 0 or self.closing:
+            return False
+        await asyncio.sleep(remaining)
         return True
 
     async def _linger(self, pending: int) -> bool:
@@ -266,11 +304,15 @@ class Pump:
                 # None: it only waited; the next turn fetches what woke it.
                 batch = got or []
                 self.drained = got is not None and len(batch) < limit
+                if got is not None:
+                    self._density(len(batch))
                 if batch:
                     self.consumer.ingest(batch)
                 # Still short: wait again from here, as the pump would after one more
-                # wake-up of its own (an idle worker's every task); else the pump fetches.
-                limit = self.consumer.want(sleeping=True) if self.drained else 0
+                # wake-up of its own (an idle worker's every task); else the pump fetches
+                # (or polls: dense arrivals).
+                limit = self.consumer.want(sleeping=True) \
+                    if self.drained and not self.dense else 0
         finally:
             self.sleeper = None
             self.wake.set()
