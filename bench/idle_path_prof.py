@@ -1,0 +1,263 @@
+"""The worker's idle path, per task: what one ``delay().get()`` on an idle worker costs
+(``rt``), and what a task that trickles in costs (``paced``: a stamp task sent on a
+schedule, no result stored, as in ``latency_load.py``), in CPU of the worker's main
+process, its children and Redis, context switches of the main process, and Redis
+commands (``docs/speed.md``, "The round trip, hop by hop").
+
+It starts a redis-server of its own (on a free port; none of the shared server's other
+clients counted) and a worker (prefork -c 2) on it, and reads ``/proc/<pid>/task/*/
+schedstat`` (CPU time in ns, finer than the clock ticks of ``stat``) before and after.
+Compare two trees by running it alternately under each (``PYTHONPATH=<tree>/src``),
+interleaved, several times: wall times on a loaded machine are noise, CPU per task and
+counts much less so. ``--strace FILE`` adds ``strace -c`` of the main process's loop
+thread over the timed part (it slows the worker: read its counts, not its times).
+
+    python bench/idle_path.py rt --n 400
+    python bench/idle_path.py paced --rate 300 --seconds 5
+    python bench/idle_path.py drain --n 20000
+
+``drain``: the busy path for comparison, ``bench/run.py``'s I/O drain (one INCR per task,
+no result) of preloaded tasks, per task between 10% and 90% done. ``caller_us`` (``rt``):
+the CPU of this process, which calls ``delay().get()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+COUNTED = ("evalsha", "blpop", "xread", "mget", "rpush")
+
+if os.environ.get("BENCH_IDLE_URL"):  # the worker's side: ``-A idle_path``
+    from celeriac import Celeriac, Settings
+
+    _url = os.environ["BENCH_IDLE_URL"]
+    app = Celeriac("idle", settings=Settings(broker_url=_url, result_backend=_url))
+    _io: Any = None
+
+    @app.task(name="idle.noop")
+    def noop() -> None:
+        return None
+
+    @app.task(name="idle.io", ignore_result=True)
+    def io(key: str) -> None:
+        global _io
+        if _io is None:
+            import redis
+
+            _io = redis.Redis.from_url(_url.split("?")[0])
+        _io.incr(key)
+
+    @app.task(name="idle.io_stored")
+    def io_stored(key: str) -> None:
+        io(key)
+
+    @app.task(name="idle.stamp", ignore_result=True)
+    def stamp(sent_at: float, key: str) -> None:
+        global _io
+        started = time.time()
+        if _io is None:
+            import redis
+
+            _io = redis.Redis.from_url(_url.split("?")[0])
+        _io.rpush(key, started - sent_at)
+
+
+def cpu(pid: int) -> float:
+    """Seconds on a CPU of every thread of ``pid``."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def switches(pid: int) -> int:
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += sum(int(line.split()[1]) for line in f
+                         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+    return total
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any]:
+    import redis
+
+    url = f"redis://127.0.0.1:{port}/0?namespace=i{uuid.uuid4().hex[:6]}"
+    os.environ["BENCH_IDLE_URL"] = url
+    sys.path.insert(0, str(HERE))
+    import idle_path_prof as side  # the tasks, on this process's app too
+
+    admin = redis.Redis(port=port)
+    redis_pid = int(admin.info("server")["process_id"])
+    if opts.mode == "drain":
+        key = f"io:{uuid.uuid4().hex}"
+        (side.io_stored if opts.results else side.io).delay_many([(key,)] * opts.n)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    with open(workdir / "worker.log", "ab") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "/tmp/prof/noprof.py", "-A", "idle_path_prof", "worker", "-P", "prefork",
+             "-c", "2", "-l", "warning", "--without-heartbeat", "--without-gossip",
+             "--without-mingle"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        if opts.mode == "drain":
+            return drain(opts, worker, admin, redis_pid, key)
+        side.noop.delay().get(timeout=60)
+        pids = [worker.pid, *children(worker.pid), redis_pid]
+        key = f"stamps:{uuid.uuid4().hex}"
+        for _ in range(20):  # warm: connections, scripts loaded
+            side.noop.delay().get(timeout=10)
+        tracer = None
+        if opts.strace:
+            tracer = subprocess.Popen(["strace", "-c", "-p", str(worker.pid), "-o",
+                                       opts.strace], stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # attached
+        admin.config_resetstat()
+        before = [cpu(p) for p in pids] + [switches(worker.pid)]
+        caller = time.process_time()
+        if opts.mode == "rt":
+            n, waits = opts.n, []
+            for _ in range(n):
+                t = time.perf_counter()
+                side.noop.delay().get(timeout=10)
+                waits.append(time.perf_counter() - t)
+                if opts.pause:
+                    time.sleep(opts.pause)  # sleep-ok: idle again, the worker in its BLPOP
+        else:
+            n = int(opts.rate * opts.seconds)
+            start = time.perf_counter() + 0.05
+            for k in range(n):
+                wait = start + k / opts.rate - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                side.stamp.delay(time.time(), key)
+            deadline = time.monotonic() + 120
+            io = redis.Redis(port=port)
+            while io.llen(key) < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            waits = [float(x) for x in io.lrange(key, 0, -1)]; json.dump(waits, open("/tmp/waits.json", "w"))
+            io.delete(key)
+        after = [cpu(p) for p in pids] + [switches(worker.pid)]
+        caller = time.process_time() - caller
+        if tracer is not None:
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait()
+        stats = admin.info("commandstats")
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    per = [(a - b) / n for a, b in zip(after, before, strict=True)]
+    waits.sort()
+    return {"tasks": n, "p50_ms": waits[len(waits) // 2] * 1e3,
+            "p99_ms": waits[int(len(waits) * 0.99)] * 1e3,
+            "main_us": per[0] * 1e6, "children_us": sum(per[1:-2]) * 1e6,
+            "redis_us": per[-2] * 1e6, "caller_us": caller / n * 1e6,
+            "main_switches": per[-1],
+            **{name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) / n
+               for name in COUNTED},
+            "load": float(open("/proc/loadavg").read().split()[0])}
+
+
+def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
+          redis_pid: int, key: str) -> dict[str, Any]:
+    """The I/O drain of ``opts.n`` preloaded tasks (one INCR each, no result), measured
+    between 10% and 90% done: past the worker's start, before the tail."""
+    n = opts.n
+
+    def done() -> int:
+        return int(admin.get(key) or 0)
+
+    deadline = time.monotonic() + 300
+    marks: list[tuple[float, list[float], int]] = []
+    calls: list[int] = []
+    for frac in (0.1, 0.9):
+        while done() < n * frac:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"drain stuck at {done()} of {n}")
+            time.sleep(0.002)
+        pids = [worker.pid, *children(worker.pid), redis_pid]
+        marks.append((time.perf_counter(), [cpu(p) for p in pids] + [switches(worker.pid)],
+                      done()))
+        calls.append(int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)))
+    (t0, before, d0), (t1, after, d1) = marks
+    count = d1 - d0
+    per = [(a - b) / count for a, b in zip(after, before, strict=True)]
+    return {"tasks": count, "rate": count / (t1 - t0), "main_us": per[0] * 1e6,
+            "children_us": sum(per[1:-2]) * 1e6, "redis_us": per[-2] * 1e6,
+            "main_switches": per[-1], "evalsha": (calls[1] - calls[0]) / count,
+            "load": float(open("/proc/loadavg").read().split()[0])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["rt", "paced", "drain"])
+    parser.add_argument("--n", type=int, default=400,
+                        help="rt: round trips (default 400); drain: tasks (use 20000)")
+    parser.add_argument("--pause", type=float, default=0.002,
+                        help="rt: seconds between round trips (0: back to back, as "
+                             "bench/run.py's round trip)")
+    parser.add_argument("--results", action="store_true",
+                        help="drain: the task's result is stored (as the no-op drain's)")
+    parser.add_argument("--rate", type=float, default=300.0, help="paced: tasks/s")
+    parser.add_argument("--seconds", type=float, default=5.0, help="paced: seconds")
+    parser.add_argument("--strace", help="write strace -c of the main process here")
+    opts = parser.parse_args(argv)
+    exe = shutil.which("redis-server")
+    if exe is None:
+        print("redis-server is not installed", file=sys.stderr)
+        return 2
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="celeriac-idle-") as tmp:
+        server = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save",
+                                   "", "--appendonly", "no", "--dir", tmp],
+                                  stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), 0.1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            figures = measure(opts, port, Path(tmp))
+        finally:
+            server.kill()
+            server.wait(10)
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                      for k, v in figures.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
