@@ -223,9 +223,10 @@ class Pump:
         with latencies of tens of milliseconds (docs/speed.md, "Latency under load").
         A fetch that finds a backlog says the wake-ups fall behind; polling then costs
         one round trip per ``POLL`` for every arrival in it, acks included, at the
-        price of up to ``POLL`` of waiting. A poll that finds one message or none says
-        a wake-up per message keeps up again. An idle worker's round trip fetches one
-        message at a time and never polls."""
+        price of up to ``POLL`` of waiting. A poll that finds nothing says a wake-up per
+        message keeps up again (one that finds even one costs no more than the wake-up
+        it replaces). An idle worker's round trip fetches one message at a time and
+        never polls."""
         if fetched >= DENSE_ENTER:
             self.dense = True
         elif fetched <= DENSE_LEAVE:
