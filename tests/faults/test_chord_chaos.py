@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celeriac import Celeriac, Signature, chord
-from celeriac.canvas import workflows
+from celeriac import Celeriac, chord
 from celeriac.testing import WorkerProcess
 from tests.contracts.conftest import _drop_redis_namespace
 from tests.integration import app_tasks as t
@@ -42,13 +41,6 @@ def env(env: dict[str, str]) -> Iterator[dict[str, str]]:
     _drop_redis_namespace(url)
 
 
-def _slow(members: Iterator[Signature]) -> Iterator[Signature]:
-    for i, member in enumerate(members):
-        if i == 1:
-            time.sleep(workflows.STREAM_AHEAD)  # sleep-ok: slower than the chord reads ahead
-        yield member
-
-
 def children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     try:
@@ -64,11 +56,10 @@ def test_every_chord_body_runs_once_while_children_and_a_worker_are_killed(
     first = start_worker("-c", "2")
     second = start_worker("-c", "2")
     started = time.monotonic()
-    # A list's chord is counted by its header tasks; a generator slower to make than the
-    # chord reads ahead is sent as it is read and polled by celery.chord_unlock (its size
-    # is known only at its end).
+    # A list's chord is counted by its header tasks; a generator's is sent as it is read
+    # and polled by celery.chord_unlock (its size is known only at its end).
     bodies = [chord([t.part.s(i) for i in range(SIZE)] if header == "list"
-                    else _slow(t.part.s(i) for i in range(SIZE)))(t.ledger.s(n))
+                    else (t.part.s(i) for i in range(SIZE)))(t.ledger.s(n))
               for n in range(CHORDS)]
     rng = random.Random(7)
     kills = 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,10 +30,9 @@ from celeriac import (
     signature,
     states,
 )
-from celeriac.canvas import chord, workflows
+from celeriac.canvas import chord
 from celeriac.protocol import Message
 from celeriac.tasks import Request
-from celeriac.testing import ThreadedWorker
 from celeriac.transports.base import Outgoing
 
 
@@ -552,15 +550,13 @@ def test_a_chord_s_chained_body_keeps_its_steps_as_parents(app: Celeriac) -> Non
     assert isinstance(plain_body.parent, GroupResult)
 
 
-def test_a_slow_generator_header_is_published_member_by_member(app: Celeriac) -> None:
+def test_a_generator_header_is_published_member_by_member(app: Celeriac) -> None:
     add, _, _ = tasks(app)
     queued = []
 
     def header() -> Iterator[Signature]:
         for i in range(3):
             queued.append(app.transport.queue_length("celery"))
-            if i == 0:  # slower to make than the chord reads ahead: it streams
-                time.sleep(workflows.STREAM_AHEAD * 2)  # sleep-ok: the slow generator
             yield add.s(i, i)
 
     res = chord(header(), add.s(0)).apply_async()
@@ -570,29 +566,6 @@ def test_a_slow_generator_header_is_published_member_by_member(app: Celeriac) ->
     assert isinstance(res.parent, GroupResult) and len(res.parent.results) == 3
     unread = chord((add.s(i, i) for i in range(2)), add.s(0))
     assert len(unread.header.tasks) == 2  # any other use reads it whole
-
-
-def test_a_generator_header_that_ends_at_once_is_counted_as_a_list_is(app: Celeriac) -> None:
-    # Its size is known before anything is sent: its header tasks count themselves and
-    # the last sends the body, with no celery.chord_unlock polling a second later.
-    add, _, _ = tasks(app)
-    queued = []
-
-    @app.task(name="t.total")
-    def total(values: list[int]) -> int:
-        return sum(values)
-
-    def header() -> Iterator[Signature]:
-        for i in range(3):
-            queued.append(app.transport.queue_length("celery"))
-            yield add.s(i, i)
-
-    res = chord(header(), total.s()).apply_async()
-    assert queued == [0, 0, 0] and app.transport.queue_length("celery") == 3
-    assert not app.transport.broker.delayed  # type: ignore[attr-defined]  # no unlock
-    assert isinstance(res.parent, GroupResult) and len(res.parent.results) == 3
-    with ThreadedWorker(app):
-        assert res.get(timeout=10) == 6
 
 
 # -- stamping (Celery's StampingVisitor) -----------------------------------------------------

@@ -564,32 +564,3 @@ def root_of(options: Mapping[str, Any], first_id: str) -> str:
     if current is not None:
         return current.root_id or current.id
     return first_id
-
-
-def _members(tasks: tuple[Any, ...], app: Celeriac | None) -> list[Signature]:
-    # chain(a, b) and chain([a, b]) (and a generator) alike, as Celery.
-    if len(tasks) == 1 and not isinstance(tasks[0], Mapping) and not _is_task(tasks[0]):
-        tasks = tuple(tasks[0])
-    return [_as_signature(t, app) for t in tasks]
-
-
-def _is_task(value: Any) -> bool:
-    """A task or a shared-task proxy, told by what it has (the canvas never imports the
-    task class)."""
-    return not isinstance(value, Mapping) and isinstance(getattr(value, "name", None), str) \
-        and hasattr(value, "apply_async")  # a signature has both too
-
-
-def _as_signature(value: Any, app: Celeriac | None) -> Signature:
-    """A member as a signature: a signature or its dict, or a task (or a shared-task
-    proxy) given bare, which stands for its call without arguments (Celery's
-    ``signature(task)``)."""
-    if not isinstance(value, Mapping) and _is_task(value):
-        return Signature(value, app=app)
-    return maybe_signature(value, app)
-
-
-def _app_of(members: list[Signature], app: Celeriac | None) -> Celeriac | None:
-    # The members' app, not whichever app is current: a workflow of one app's tasks is
-    # sent where they are (as Celery, which takes the first member's).
-    return app or next((m._app for m in members if m._app is not None), None)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
@@ -13,11 +11,7 @@ from .signature import (
     Result,
     Signature,
     StampingVisitor,
-    _app_of,
     _as_list,
-    _as_signature,
-    _is_task,
-    _members,
     maybe_signature,
     plain,
     root_of,
@@ -29,8 +23,35 @@ if TYPE_CHECKING:
 
 GROUP_CHUNK = 1000
 """Messages per broker round trip when a group is sent (as ``send_many``)."""
-STREAM_AHEAD = 0.05
-"""Seconds a chord reads a generator header ahead before it streams it (``chord``)."""
+
+
+def _members(tasks: tuple[Any, ...], app: Celeriac | None) -> list[Signature]:
+    # chain(a, b) and chain([a, b]) (and a generator) alike, as Celery.
+    if len(tasks) == 1 and not isinstance(tasks[0], Mapping) and not _is_task(tasks[0]):
+        tasks = tuple(tasks[0])
+    return [_as_signature(t, app) for t in tasks]
+
+
+def _is_task(value: Any) -> bool:
+    """A task or a shared-task proxy, told by what it has (the canvas never imports the
+    task class)."""
+    return not isinstance(value, Mapping) and isinstance(getattr(value, "name", None), str) \
+        and hasattr(value, "apply_async")  # a signature has both too
+
+
+def _as_signature(value: Any, app: Celeriac | None) -> Signature:
+    """A member as a signature: a signature or its dict, or a task (or a shared-task
+    proxy) given bare, which stands for its call without arguments (Celery's
+    ``signature(task)``)."""
+    if not isinstance(value, Mapping) and _is_task(value):
+        return Signature(value, app=app)
+    return maybe_signature(value, app)
+
+
+def _app_of(members: list[Signature], app: Celeriac | None) -> Celeriac | None:
+    # The members' app, not whichever app is current: a workflow of one app's tasks is
+    # sent where they are (as Celery, which takes the first member's).
+    return app or next((m._app for m in members if m._app is not None), None)
 
 
 class chain(Signature):
@@ -370,9 +391,9 @@ class chord(Signature):
 
     def __init__(self, header: Iterable[Any], body: Mapping[str, Any] | None = None, *,
                  app: Celeriac | None = None, **options: Any) -> None:
-        # A generator is sent as it yields (Celery's: a header slow to make starts
-        # running before it is all made), unless it ends within ``_streams``' look: then it
-        # is counted as a list is, with no chord_unlock. Unread until used.
+        # A generator's members are sent as it yields them (Celery's: a header that is
+        # slow to make starts running before it is all made); until the chord is sent,
+        # or used any other way, it is not read.
         self._stream: Iterator[Any] | None = header if isinstance(header, Iterator) else None
         if isinstance(header, Mapping) and not isinstance(header, group):
             # One signature (a chain, a chord, a task's) or its dict: a header of one
@@ -498,7 +519,7 @@ class chord(Signature):
         for errback in _as_list(opts.pop("link_error", None)):
             body.link_error(errback)  # a group body: on every member
         body_result = body.freeze(opts.pop("task_id", None))
-        if self._streams():
+        if self._stream is not None:
             return self._send_streamed(body, body_result, args, kwargs, opts, retry, policy)
         members = list(self.header._flat())
         if not members:
@@ -533,23 +554,6 @@ class chord(Signature):
             member.apply_async(args, kwargs, retry=retry, retry_policy=policy, **member_opts)
         _under(body_result, header_result)
         return body_result
-
-    def _streams(self) -> bool:
-        """Whether the header is a generator to send as it yields: one that yields more
-        than ``GROUP_CHUNK`` members or goes on past ``STREAM_AHEAD`` seconds (one that
-        ends sooner becomes the header's list, its size known)."""
-        if self._stream is None:
-            return False
-        ahead: list[Any] = []
-        deadline = time.monotonic() + STREAM_AHEAD
-        for member in self._stream:
-            ahead.append(member)
-            if len(ahead) > GROUP_CHUNK or time.monotonic() >= deadline:
-                self._stream = itertools.chain(ahead, self._stream)
-                return True
-        self._stream = None
-        self.kwargs["header"] = group(ahead, app=self._app)
-        return False
 
     def _send_streamed(self, body: Signature, body_result: AsyncResult[Any],
                        args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
