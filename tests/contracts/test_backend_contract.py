@@ -38,7 +38,10 @@ few hundred milliseconds (a result that never expires fails the wait, not this b
 EARLY = 0.01
 """Clock granularity allowed when checking that a wait did not end too early."""
 MAX_CPU_SHARE = 0.25
-"""A sleeping waiter uses at most this share of one CPU (it must not busy-poll)."""
+"""A sleeping waiter uses at most this share of one CPU (it must not busy-poll)..."""
+READS_CPU = 0.02
+"""...plus this many seconds: the reads of a backend that polls (MySQL, every 0.1 s),
+whose CPU a loaded machine inflates. A busy-poller spends far more in a 0.15 s wait."""
 
 mp = multiprocessing.get_context("fork")
 
@@ -300,7 +303,8 @@ def test_wait_for_wakes_when_another_thread_stores(backend: BackendFactory) -> N
     assert set(got) == {"already", "t-1"}
     assert got["t-1"].state == states.SUCCESS and got["t-1"].result == "done"
     assert returned_at - stored_at[0] < WAKE_LATENCY
-    assert cpu < MAX_CPU_SHARE * (returned_at - t0), "wait_for busy-polls"
+    assert cpu < MAX_CPU_SHARE * (returned_at - t0) + READS_CPU, \
+        f"wait_for busy-polls: {cpu:.3f}s of CPU in {returned_at - t0:.3f}s"
 
 
 def _store_later_in_child(url: str, started: Any, out: Any) -> None:
@@ -332,7 +336,8 @@ def test_wait_for_wakes_when_another_process_stores(backend: BackendFactory) -> 
     assert child.exitcode == 0
     assert got["t-1"].result == {"from": "child"}
     assert returned_at - stored_at < WAKE_LATENCY
-    assert cpu < MAX_CPU_SHARE * (returned_at - t0), "wait_for busy-polls"
+    assert cpu < MAX_CPU_SHARE * (returned_at - t0) + READS_CPU, \
+        f"wait_for busy-polls: {cpu:.3f}s of CPU in {returned_at - t0:.3f}s"
 
 
 def test_wait_for_does_not_miss_a_store_just_before_it_sleeps(backend: BackendFactory
@@ -416,7 +421,8 @@ def test_wait_for_times_out_with_what_is_ready(backend: BackendFactory) -> None:
     waited = returned_at - t0
     assert got == {}
     assert 0.3 - EARLY <= waited < 0.3 + SLACK
-    assert cpu < MAX_CPU_SHARE * waited, "wait_for busy-polls"
+    assert cpu < MAX_CPU_SHARE * waited + READS_CPU, \
+        f"wait_for busy-polls: {cpu:.3f}s of CPU in {waited:.3f}s"
 
     t0 = time.monotonic()
     got, returned_at, _ = _timed_wait_for(b, ["done", "never"], 0.2)

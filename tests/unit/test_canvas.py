@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +34,7 @@ from celeriac import (
 from celeriac.canvas import chord
 from celeriac.protocol import Message
 from celeriac.tasks import Request
+from celeriac.testing import ThreadedWorker, wait_until
 from celeriac.transports.base import Outgoing
 
 
@@ -560,12 +562,50 @@ def test_a_generator_header_is_published_member_by_member(app: Celeriac) -> None
             yield add.s(i, i)
 
     res = chord(header(), add.s(0)).apply_async()
-    # Each member was in the queue before the generator made the next (the
-    # celery.chord_unlock that waits for all three is in the broker's delay store).
-    assert queued == [0, 1, 2] and app.transport.queue_length("celery") == 3
+    # Each member was in the queue before the generator made the next, and the
+    # celery.chord_unlock that waits for all three is behind them (it looks at once).
+    assert queued == [0, 1, 2] and app.transport.queue_length("celery") == 4
+    assert [m.headers["task"] for m in fetch_all(app)][-1] == "celery.chord_unlock"
     assert isinstance(res.parent, GroupResult) and len(res.parent.results) == 3
     unread = chord((add.s(i, i) for i in range(2)), add.s(0))
     assert len(unread.header.tasks) == 2  # any other use reads it whole
+
+
+def test_chord_unlock_looks_again_soon_then_less_often(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    # Behind a generator's header it looks at once; then 10 ms, doubling up to
+    # result_chord_retry_interval, where Celery waits that long every time.
+    app = make_app(result_chord_retry_interval=0.08)
+    release = threading.Event()
+
+    @app.task(name="t.held")
+    def held() -> int:
+        release.wait(10)
+        return 1
+
+    @app.task(name="t.total")
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    unlock = app.tasks["celery.chord_unlock"]
+    waits: list[float] = []
+    real_retry = unlock.retry
+
+    def retry(*args: Any, **kwargs: Any) -> Any:
+        waits.append(kwargs["countdown"])
+        return real_retry(*args, **kwargs)
+
+    monkeypatch.setattr(unlock, "retry", retry)
+    try:
+        with ThreadedWorker(app, pool="threads", concurrency=2):
+            res = chord((held.s() for _ in range(1)), total.s()).apply_async()
+            wait_until(lambda: len(waits) >= 6, 10, message="the unlock's looks")
+            release.set()
+            assert res.get(timeout=10) == 1
+    finally:
+        release.set()
+        app.close()
+    assert waits[:6] == [0.01, 0.02, 0.04, 0.08, 0.08, 0.08]
 
 
 # -- stamping (Celery's StampingVisitor) -----------------------------------------------------

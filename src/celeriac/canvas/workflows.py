@@ -590,8 +590,9 @@ class chord(Signature):
 
     def _unlock(self, group_id: str, body: Mapping[str, Any], header: GroupResult) -> Any:
         """Celery's ``fallback_chord_unlock``: the ``celery.chord_unlock`` message that
-        polls the header's results (every ``result_chord_retry_interval``, the first time
-        after a second) and sends the body, routed and prioritised as the body is."""
+        polls the header's results and sends the body, routed and prioritised as the body
+        is. Sent behind the header (Celery's waits a second first), it looks at once,
+        then waits as ``builtins._unlock_chord`` says."""
         options = body.get("options") or {}
         own = self.app.tasks.get(body["task"])
         queue = options.get("queue") or (own.options.queue if own else None) \
@@ -600,7 +601,7 @@ class chord(Signature):
             "interval": None, "max_retries": None,
             "result": [r.as_tuple() for r in header.results]}, app=self.app)
         item, _ = unlock._outgoing(None, None, {
-            "countdown": 1, "queue": queue, "priority": options.get("priority")})
+            "countdown": 0, "queue": queue, "priority": options.get("priority")})
         return item
 
     def freeze(self, task_id: str | None = None,
