@@ -250,7 +250,11 @@ def test_worker_lifecycle_signals_in_the_parent_and_each_child(
     inits = wait_until(children_up, 10, message="worker_process_init in both children")
     children = {e["pid"] for e in inits}
     assert len(children) == 2 and worker.pid not in children
-    parent = [e["signal"] for e in recorded.of(worker.pid)]
+    # worker_ready comes once every step has started, which may be after both children
+    # are up (the pool starts before the consumer and Gossip).
+    parent = wait_until(lambda: [e["signal"] for e in recorded.of(worker.pid)]
+                        if recorded.find("worker_ready") else [], 10,
+                        message="worker_ready in the parent")
     assert parent[:3] == ["setup_logging", "worker_init", "worker_ready"]
     assert recorded.wait("worker_init")["hostname"]
     assert t.ok.delay(1).get(timeout=10) == 1
