@@ -39,6 +39,14 @@ T = TypeVar("T")
 Q = "lanes"
 
 
+@pytest.fixture(autouse=True)
+def _one_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as its process's only caller of lanes (``lanes._Callers`` is
+    process-wide: an earlier test's threads would otherwise keep its lanes from spinning)."""
+    monkeypatch.setattr(lanes._Callers, "at", 0.0)
+    monkeypatch.setattr(lanes._Callers, "shared_until", 0.0)
+
+
 def count_calls(lane: Any) -> list[str]:
     """Record the name of every command ``lane`` sends from now on."""
     sent: list[str] = []
@@ -174,6 +182,40 @@ def test_a_spinning_lane_gives_its_cpu_way_between_polls(
         assert yields and lane._misses == 1
     finally:
         lane.close()
+
+
+def test_lanes_do_not_spin_while_threads_take_turns(
+        server: ScriptedServer, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A spinning thread holds the CPU and the GIL its process's other threads need (four
+    # paced producer threads: 135-147 us of CPU a delay() spinning, 114-117 us without).
+    yields: list[int] = []
+    monkeypatch.setattr(lanes.os, "sched_yield", lambda: yields.append(1))
+    monkeypatch.setattr(lanes, "SHARED_WINDOW", 30.0)  # longer than this test, loaded
+    mine = server.lane(read_timeout=4.0)
+    try:
+        mine._misses = 0
+        yields.clear()
+        assert mine.call("SLOW") == b"OK"
+        assert yields and mine._misses == 1  # alone: it spun (in vain, 50 ms)
+
+        def other_thread() -> None:  # a call on a lane of its own, to the real Redis
+            params = lane_params(url)
+            assert params is not None
+            lane = SyncLane.open(params, "test", 2.0, 4.0)
+            assert lane.call("PING") == b"PONG"
+            lane.close()
+
+        other = threading.Thread(target=other_thread)
+        other.start()
+        other.join()
+        mine._misses = 0
+        yields.clear()
+        assert mine.call("SLOW") == b"OK"
+        assert not yields and mine._misses == 0  # threads take turns: it blocked at once
+        # Alone for a whole window since, a thread spins again.
+        assert not lanes._shared(time.perf_counter() + 2 * lanes.SHARED_WINDOW)
+    finally:
+        mine.close()
 
 
 def test_a_server_still_loading_its_dataset_is_a_connection_error_retried(
