@@ -22,7 +22,7 @@ start 4.3-8.6 ms with the yield, 6.3-152 ms without (docs/speed.md, "Latency und
 Where the calls come from several threads taking turns, no lane spins (``_shared``): a
 spinning thread holds the CPU its process's other threads need, and each of its polls
 and yields hands the GIL to them and waits to get it back. Four producer threads paced
-at 2,800/s beside a worker spent 135-147 us of CPU a ``delay()`` with the spin, 114-117
+at 2,800/s beside a worker spent 135-147 us of CPU a ``delay()`` with the spin, 114-122
 us without.
 
 Lanes serve ``redis://`` and ``unix://`` URLs; ``rediss://`` keeps redis-py (TLS has too
