@@ -14,7 +14,9 @@ list on the I/O database (12), one Redis round trip, no result stored. Per run:
    task's arguments just before its ``delay()``;
 3. once every stamp is in, p50 / p99 / max of the stamps (from ``delay()`` to the
    task's start: the producer's publish, the broker, the worker's fetch and prefetch
-   and the pool's hand-off).
+   and the pool's hand-off), and how many tasks started per second while the producers
+   sent: under the rate sent, the worker fell behind. With ``--load 1`` that is the
+   worker's pace with the producers beside it on the same CPUs.
 
 celeriac's producer runs in this process; Celery's in ``bench/.venv-celery``, this file
 run there with ``--peer celery``. The worker imports this module too (``-A
@@ -301,6 +303,9 @@ def one_run(side: Side, opts: argparse.Namespace, workdir: Path) -> dict[str, fl
         began = time.perf_counter()
         sent = side.paced(rate, opts.seconds, opts.threads, key)
         sending = time.perf_counter() - began
+        # Started while sending: under the rate sent when the worker fell behind (with
+        # --load 1, its pace with the producer beside it on the same CPUs).
+        done_rate = io.llen(key) / sending
         _wait_count(io, key, sent, opts.timeout, side)
         cpu_after = worker_cpu(side)
         stamps = [float(x) for x in io.lrange(key, 0, -1)]
@@ -313,7 +318,8 @@ def one_run(side: Side, opts: argparse.Namespace, workdir: Path) -> dict[str, fl
     # worker, against the drain's cost per task (docs/speed.md, "Latency under load").
     main_us, children_us = ((a - b) / max(sent, 1) * 1e6
                             for a, b in zip(cpu_after, cpu_before, strict=True))
-    return {"drain": drain, "rate": rate, "sent_rate": sent / sending, **percentiles(stamps),
+    return {"drain": drain, "rate": rate, "sent_rate": sent / sending, "done_rate": done_rate,
+            **percentiles(stamps),
             "main_us": main_us, "children_us": children_us}
 
 
@@ -346,13 +352,15 @@ def table(figures: dict[str, dict[str, float]], opts: argparse.Namespace) -> Any
     t = Table(title=f"latency under load: delay() to the task's start, sending at "
                     f"{opts.load:.0%} of each system's maximum drain for {opts.seconds:g} s "
                     f"(median of {opts.runs} runs)", title_justify="left")
-    for column in ("system", "max drain /s", "sent /s", "p50 ms", "p99 ms", "max ms",
+    for column in ("system", "max drain /s", "sent /s", "started /s while sending", "p50 ms",
+                   "p99 ms", "max ms",
                    "worst p99 ms", "each run's p99 ms", "CPU us/task main / children"):
         t.add_column(column, justify="left" if column == "system" else "right")
     for name, f in figures.items():
         each = " ".join(f"{v * 1e3:.1f}" for k, v in f.items()
                         if k.startswith("p99_") and k != "p99_worst")
-        t.add_row(name, f"{f['drain']:,.0f}", f"{f['sent_rate']:,.0f}", f"{f['p50'] * 1e3:.2f}",
+        t.add_row(name, f"{f['drain']:,.0f}", f"{f['sent_rate']:,.0f}",
+                  f"{f.get('done_rate', 0):,.0f}", f"{f['p50'] * 1e3:.2f}",
                   f"{f['p99'] * 1e3:.2f}", f"{f['max'] * 1e3:.1f}",
                   f"{f['p99_worst'] * 1e3:.2f}", each,
                   f"{f.get('main_us', 0):,.0f} / {f.get('children_us', 0):,.0f}")
