@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..clients.net import backoff
+from .timer import TICK
 
 if TYPE_CHECKING:
     from ..app import Celeriac
@@ -40,10 +41,6 @@ LINGER_BATCH = 64
 """...unless this many are waiting."""
 POLL = 0.001
 """Seconds between fetches while arrivals are dense (``Pump.dense``)."""
-TICK = 0.0005
-"""A wait shorter than this is not waited for: uvloop's timers and clock count whole
-milliseconds, so a shorter timer fires at once and the loop would spin until the clock
-ticks (a 0.1 ms sleep measured 205 turns of the loop)."""
 DENSE_ENTER = 3
 """A fetch that brings at least this many while the queues run dry: arrivals are dense..."""
 DENSE_LEAVE = 0

@@ -20,6 +20,11 @@ logger = logging.getLogger("celeriac.worker.timer")
 
 Callback = Callable[..., Any | Awaitable[Any]]
 
+TICK = 0.0005
+"""A wait shorter than this is not waited for: uvloop's timers and clock count whole
+milliseconds, so a shorter timer fires at once and the loop would spin until the clock
+ticks (a 0.1 ms sleep measured 205 turns of the loop)."""
+
 
 class Entry:
     """A scheduled call; ``cancel()`` stops it (and its future ticks)."""

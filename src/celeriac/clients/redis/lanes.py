@@ -201,13 +201,14 @@ class SyncLane:
         replies: list[Any] = []
         try:
             self.sock.sendall(payload)
-            if not spin or _shared(time.perf_counter()):
+            now = time.perf_counter() if spin else 0.0
+            if not spin or _shared(now):
                 n = 0
             elif self._resting:
                 self._resting -= 1
                 n = 0
             else:
-                n = self._spin()
+                n = self._spin(now)
             while True:
                 if n == 0:
                     n = self.sock.recv_into(self.buffer)
@@ -228,10 +229,11 @@ class SyncLane:
             self.close()
             raise redis.ConnectionError(str(exc) or type(exc).__name__) from exc
 
-    def _spin(self) -> int:
-        """Bytes of the reply read while spinning (0: none came within SPIN_SECONDS)."""
+    def _spin(self, now: float) -> int:
+        """Bytes of the reply read while spinning from ``now`` (0: none came within
+        SPIN_SECONDS)."""
         recv_into, buffer, pause = self.sock.recv_into, self.buffer, os.sched_yield
-        end = time.perf_counter() + SPIN_SECONDS
+        end = now + SPIN_SECONDS
         while True:
             try:
                 n = recv_into(buffer, 0, socket.MSG_DONTWAIT)

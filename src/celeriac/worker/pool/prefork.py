@@ -47,7 +47,7 @@ from ...backends.base import Stored
 from ...errors import TimeLimitExceeded, WorkerLostError
 from ...protocol import Message
 from ..execute import Job, Outcome, Shown, exception_repr
-from ..timer import Entry, Timer
+from ..timer import TICK, Entry, Timer
 from . import child as child_main
 from . import pipes
 from .aio import revoked_outcome
@@ -66,11 +66,6 @@ RECALL_AFTER = 0.001
 child. Most tasks are shorter: with paced arrivals, two children and no grace, one task
 in 12 was recalled, and half of those had started by the time the recall came (a wake-up
 of the child's control thread, a GIL hand-off and a frame each way, for nothing)."""
-
-TICK = 0.0005
-"""A recall due sooner than this is made now: uvloop's clock counts whole milliseconds,
-so a timer for less would fire at once, find it still not due, and spin the loop until
-the clock ticks."""
 
 IGNORED_BY_CHILDREN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 """Signals a pool child ignores (``child.py``)."""
@@ -241,7 +236,7 @@ class PreforkPool(AsyncDispatch, Pool):
                 return
             if proc.queued is not None and not proc.recalling and not proc.detached:
                 due = proc.started + RECALL_AFTER if proc.job is not None else now
-                if due - now >= TICK:
+                if due - now >= TICK:  # else a timer would spin the loop (TICK)
                     later = due if later is None else min(later, due)
                     continue
                 self._recall(proc)
