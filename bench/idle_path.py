@@ -17,7 +17,11 @@ thread over the timed part (it slows the worker: read its counts, not its times)
     python bench/idle_path.py drain --n 20000
 
 ``drain``: the busy path for comparison, ``bench/run.py``'s I/O drain (one INCR per task,
-no result) of preloaded tasks, per task between 10% and 90% done. ``caller_us`` (``rt``):
+no result) of preloaded tasks, per task between 10% and 90% done; with each process's wait
+for a CPU per task (``*_wait_us``), its share of the time asleep (``*_asleep``: a child
+waiting for Redis's reply or for its next job) and the CPUs the worker and Redis kept busy
+(``busy_cpus``). ``--prefetch-multiplier`` sets the worker's window (docs/speed.md, "Where
+the targets stand", fifth session). ``caller_us`` (``rt``):
 the CPU of this process, which calls ``delay().get()``.
 """
 
@@ -44,7 +48,9 @@ if os.environ.get("BENCH_IDLE_URL"):  # the worker's side: ``-A idle_path``
     from celeriac import Celeriac, Settings
 
     _url = os.environ["BENCH_IDLE_URL"]
-    app = Celeriac("idle", settings=Settings(broker_url=_url, result_backend=_url))
+    app = Celeriac("idle", settings=Settings(
+        broker_url=_url, result_backend=_url,
+        worker_prefetch_multiplier=int(os.environ.get("BENCH_IDLE_PREFETCH", "4"))))
     _io: Any = None
 
     @app.task(name="idle.noop")
@@ -77,11 +83,19 @@ if os.environ.get("BENCH_IDLE_URL"):  # the worker's side: ``-A idle_path``
 
 def cpu(pid: int) -> float:
     """Seconds on a CPU of every thread of ``pid``."""
-    total = 0
+    return sched(pid)[0]
+
+
+def sched(pid: int) -> tuple[float, float]:
+    """Seconds on a CPU, and seconds runnable but waiting for one, of every thread of
+    ``pid`` (``schedstat``'s first two fields)."""
+    ran = waited = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            total += int(f.read().split()[0])
-    return total / 1e9
+            fields = f.read().split()
+        ran += int(fields[0])
+        waited += int(fields[1])
+    return ran / 1e9, waited / 1e9
 
 
 def switches(pid: int) -> int:
@@ -197,6 +211,7 @@ def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
 
     deadline = time.monotonic() + 300
     marks: list[tuple[float, list[float], int]] = []
+    waits: list[list[float]] = []
     calls: list[int] = []
     for frac in (0.1, 0.9):
         while done() < n * frac:
@@ -204,14 +219,26 @@ def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
                 raise RuntimeError(f"drain stuck at {done()} of {n}")
             time.sleep(0.002)
         pids = [worker.pid, *children(worker.pid), redis_pid]
-        marks.append((time.perf_counter(), [cpu(p) for p in pids] + [switches(worker.pid)],
+        times = [sched(p) for p in pids]
+        marks.append((time.perf_counter(), [t[0] for t in times] + [switches(worker.pid)],
                       done()))
+        waits.append([t[1] for t in times])
         calls.append(int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)))
     (t0, before, d0), (t1, after, d1) = marks
-    count = d1 - d0
+    count, wall = d1 - d0, t1 - t0
     per = [(a - b) / count for a, b in zip(after, before, strict=True)]
-    return {"tasks": count, "rate": count / (t1 - t0), "main_us": per[0] * 1e6,
+    queued = [(a - b) / count for a, b in zip(waits[1], waits[0], strict=True)]
+    # What is neither on a CPU nor waiting for one is asleep: a child waiting for its
+    # task's reply from Redis or for its next job, the main process for the children
+    # or Redis. A CPU is idle whenever fewer than two of these processes are runnable.
+    asleep = [1 - (ran + wait) * count / wall for ran, wait in zip(per[:-1], queued, strict=True)]
+    kids = len(pids) - 2
+    return {"tasks": count, "rate": count / wall, "main_us": per[0] * 1e6,
             "children_us": sum(per[1:-2]) * 1e6, "redis_us": per[-2] * 1e6,
+            "main_wait_us": queued[0] * 1e6, "children_wait_us": sum(queued[1:-1]) * 1e6,
+            "redis_wait_us": queued[-1] * 1e6, "main_asleep": asleep[0],
+            "children_asleep": sum(asleep[1:-1]) / kids, "redis_asleep": asleep[-1],
+            "busy_cpus": sum(per[:-1]) * count / wall,
             "main_switches": per[-1], "evalsha": (calls[1] - calls[0]) / count,
             "load": float(open("/proc/loadavg").read().split()[0])}
 
@@ -230,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=300.0, help="paced: tasks/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="paced: seconds")
     parser.add_argument("--strace", help="write strace -c of the main process here")
+    parser.add_argument("--prefetch-multiplier", type=int, default=4,
+                        help="the worker's worker_prefetch_multiplier (default 4, Celery's)")
     opts = parser.parse_args(argv)
+    os.environ["BENCH_IDLE_PREFETCH"] = str(opts.prefetch_multiplier)
     exe = shutil.which("redis-server")
     if exe is None:
         print("redis-server is not installed", file=sys.stderr)
