@@ -4,7 +4,13 @@ import orjson
 import pytest
 
 from celeriac import Celeriac, producer
-from celeriac.protocol import Message, parse_time, validate_headers, validate_properties
+from celeriac.protocol import (
+    Message,
+    parse_time,
+    unpack,
+    validate_headers,
+    validate_properties,
+)
 
 V2_HEADERS = {"lang", "task", "id", "root_id", "parent_id", "group", "eta", "expires",
               "retries", "timelimit", "argsrepr", "kwargsrepr", "origin"}
@@ -85,6 +91,39 @@ def test_every_header_the_worker_reads_is_checked(changes: dict[str, object],
     assert validate_headers(GOOD) is None
     got = validate_headers({**GOOD, **changes})
     assert got is not None and got.startswith(reason), got
+
+
+MALFORMED = test_every_header_the_worker_reads_is_checked.pytestmark[0].args[1]
+
+
+def test_the_worker_checks_a_compact_message_by_its_kept_headers() -> None:
+    """The worker validates what a compact envelope carried, not the defaults restored
+    around it (``Admission.check``): the same verdict, for every header it reads."""
+    plain = unpack(orjson.dumps([{"task": "t", "id": "1"}, {}]), b"")
+    assert plain.kept is not None and plain.headers["retries"] == 0
+    assert validate_headers(plain.headers) is None  # every default passes
+    assert validate_headers(plain.kept[0]) is None
+    carried = 0
+    for changes, reason in MALFORMED:
+        headers = {"task": "t", "id": "1", **changes}
+        try:
+            envelope = orjson.dumps([headers, {}])
+        except TypeError:
+            continue  # a name or text JSON cannot carry (checked above, as a dict)
+        if orjson.loads(envelope)[0] != headers:
+            continue  # NaN and infinity: JSON carries them as null
+        message = unpack(envelope, b"")
+        assert message.kept is not None
+        got = validate_headers(message.kept[0])
+        assert got == validate_headers(message.headers), changes
+        assert got is not None and got.startswith(reason), got
+        carried += 1
+    assert carried >= 20
+
+
+def test_a_whole_envelope_keeps_nothing_compact() -> None:
+    whole = unpack(orjson.dumps([{"task": "t", "id": "1"}, {}, {"wh": 1}]), b"")
+    assert whole.kept is None and "retries" not in whole.headers
 
 
 def test_a_header_name_beyond_ascii_passes() -> None:

@@ -51,7 +51,9 @@ class Admission:
 
     def check(self, message: Message) -> Refusal | None:
         """Why ``message`` may not run here, or None if it may."""
-        reason = validate_headers(message.headers) or validate_properties(message)
+        kept = message.kept
+        reason = validate_headers(message.headers if kept is None else kept[0]) \
+            or validate_properties(message)
         if reason is not None:
             reason = f"malformed message: {reason}"
             return Refusal(reason, DecodeError(reason))

@@ -231,22 +231,9 @@ class Consumer:
             if events is not None:
                 self.pump.final(events.failed(task_id, exception_repr(exc)))
             return self.pump.dead_letter(d, reason)
-        now = utcnow()
-        expires = parse_time(headers.get("expires"))
-        if expires is not None and expires <= now:
-            return self._revoke_expired(d, name, task_id, expires)
-        eta = parse_time(headers.get("eta"))
-        if eta is not None and (delay := (eta - now).total_seconds()) > 0.001:
-            # A producer that sets eta without using the broker's delay store (a Celery
-            # client): park it in the store rather than in this worker's memory.
-            try:
-                self.transport.publish(d.queue, d.message, delay=delay)
-            except BrokerError as exc:
-                logger.warning("Task %s[%s] could not be parked until its eta (%s); "
-                               "giving it back", name, task_id, exc)
-                self.spawn(self.transport.requeue([d], redelivered=False))
-                return None
-            return self.pump.ack(d)
+        if (headers.get("expires") is not None or headers.get("eta") is not None) \
+                and self._not_now(d, name, task_id):
+            return None
         self._next_seq += 1
         # The queues ran dry and fewer are in hand than children: nothing to batch its
         # settling with (a drain's fetches come back full, dense arrivals' polls carry
@@ -265,6 +252,28 @@ class Consumer:
         if self.app.hooks:
             self.app.hooks.call("task_received", received_request(d, self.worker.hostname))
         return None
+
+    def _not_now(self, d: Delivery, name: str, task_id: str) -> bool:
+        """Settle a message that must not run now: expired (revoked), or due later (an
+        eta set without the broker's delay store, as a Celery client does: parked in
+        the store rather than in this worker's memory). True if it was."""
+        headers, now = d.message.headers, utcnow()
+        expires = parse_time(headers.get("expires"))
+        if expires is not None and expires <= now:
+            self._revoke_expired(d, name, task_id, expires)
+            return True
+        eta = parse_time(headers.get("eta"))
+        if eta is None or (delay := (eta - now).total_seconds()) <= 0.001:
+            return False
+        try:
+            self.transport.publish(d.queue, d.message, delay=delay)
+        except BrokerError as exc:
+            logger.warning("Task %s[%s] could not be parked until its eta (%s); "
+                           "giving it back", name, task_id, exc)
+            self.spawn(self.transport.requeue([d], redelivered=False))
+            return True
+        self.pump.ack(d)
+        return True
 
     def _revoke_expired(self, d: Delivery, name: str, task_id: str, expires: object) -> None:
         logger.info("Task %s[%s] expired at %s; revoked", name, task_id, expires)
