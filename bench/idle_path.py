@@ -21,7 +21,9 @@ no result) of preloaded tasks, per task between 10% and 90% done; with each proc
 for a CPU per task (``*_wait_us``), its share of the time asleep (``*_asleep``: a child
 waiting for Redis's reply or for its next job) and the CPUs the worker and Redis kept busy
 (``busy_cpus``). ``--prefetch-multiplier`` sets the worker's window (docs/speed.md, "Where
-the targets stand", fifth session). ``caller_us`` (``rt``):
+the targets stand", fifth session); ``--callgrind`` gives instead the worker's main
+process's instructions per task, a count that holds still on a busy machine.
+``caller_us`` (``rt``):
 the CPU of this process, which calls ``delay().get()``.
 """
 
@@ -136,12 +138,19 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
         (side.io_stored if opts.results else side.io).delay_many([(key,)] * opts.n)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    # Under callgrind the worker's main process counts its instructions (its children
+    # are forked, so they run under it too, and as slowly).
+    valgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no",
+                f"--callgrind-out-file={workdir}/callgrind.%p"] if opts.callgrind else []
     with open(workdir / "worker.log", "ab") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celeriac", "-A", "idle_path", "worker", "-P", "prefork",
-             "-c", "2", "-l", "warning", "--without-heartbeat", "--without-gossip",
-             "--without-mingle"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+            [*valgrind, sys.executable, "-m", "celeriac", "-A", "idle_path", "worker", "-P",
+             "prefork", "-c", "2", "-l", "warning", "--without-heartbeat",
+             "--without-gossip", "--without-mingle"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
+        if opts.mode == "drain" and opts.callgrind:
+            return instructions(opts, worker, admin, key, workdir)
         if opts.mode == "drain":
             return drain(opts, worker, admin, redis_pid, key)
         side.noop.delay().get(timeout=60)
@@ -243,6 +252,35 @@ def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
             "load": float(open("/proc/loadavg").read().split()[0])}
 
 
+def instructions(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
+                 key: str, workdir: Path) -> dict[str, Any]:
+    """The drain's instructions per task in the worker's main process, between 20% and
+    80% done (``callgrind_control`` zeroes the count, then dumps it): the same figure
+    run after run, whatever else the machine does, where CPU time moves by 10-30%."""
+
+    def at_least(count: int) -> int:
+        deadline = time.monotonic() + 600
+        while (done := int(admin.get(key) or 0)) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"drain stuck at {done} of {opts.n}")
+            time.sleep(0.01)
+        return done
+
+    start = at_least(opts.n // 5)
+    subprocess.run(["callgrind_control", "-z", str(worker.pid)], check=True,
+                   capture_output=True)
+    start = (start + int(admin.get(key) or 0)) / 2
+    at_least(opts.n * 4 // 5)
+    end = int(admin.get(key) or 0)
+    subprocess.run(["callgrind_control", "-d", str(worker.pid)], check=True,
+                   capture_output=True)
+    end = (end + int(admin.get(key) or 0)) / 2
+    # "part 1" of the main process's profile: from the zeroing to the dump.
+    with open(workdir / f"callgrind.{worker.pid}.1") as f:
+        total = next(int(line.split()[1]) for line in f if line.startswith("summary:"))
+    return {"tasks": end - start, "main_instructions": total / (end - start)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=300.0, help="paced: tasks/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="paced: seconds")
     parser.add_argument("--strace", help="write strace -c of the main process here")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="drain: instructions per task of the worker's main process, "
+                             "under valgrind (use --n 4000; about a minute)")
     parser.add_argument("--prefetch-multiplier", type=int, default=4,
                         help="the worker's worker_prefetch_multiplier (default 4, Celery's)")
     opts = parser.parse_args(argv)
