@@ -384,7 +384,8 @@ def _check_identity(headers: dict[str, Any]) -> str | None:
     if reason:
         return reason
     for name in _ID_HEADERS:
-        if reason := _check_id(name, headers.get(name)):
+        value = headers.get(name)
+        if value is not None and (reason := _check_id(name, value)):
             return reason
     return None
 

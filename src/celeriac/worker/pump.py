@@ -15,7 +15,6 @@ What to fetch, and what to do with what comes, is the consumer's (``Consumer.wan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -73,7 +72,10 @@ class Pump:
         self.failures = 0
         self.sleeper: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._lingering: float | None = None  # when the pump began holding (``_linger``)
+        self._lingering: asyncio.TimerHandle | None = None
+        """While the pump holds finished tasks to batch them (``_linger``): the timer
+        that ends the hold."""
+        self._held_long = False  # that timer fired
         self._executor: ThreadPoolExecutor | None = None
 
     # -- what the consumer hands over -----------------------------------------------------
@@ -175,7 +177,9 @@ class Pump:
         """One turn: store the results waiting, settle their messages, fetch up to
         ``limit``. False when the pump must end (it failed while the worker stops)."""
         acks, results, after, finals = self.acks, self.results, self.after, self.finals
-        self._lingering = None
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
         self.acks, self.results, self.after, self.finals = [], [], [], []
         flow = self.consumer.flow
         unlocks = flow.take_after_store() if flow is not None else []
@@ -243,17 +247,20 @@ class Pump:
         it batches grow with the load. A lone task is settled at once."""
         if self.closing or pending >= LINGER_BATCH or self.consumer.in_pool() <= 0:
             return False
-        now = self.loop.time()
         if self._lingering is None:
-            self._lingering = now
-        remaining = self._lingering + LINGER - now
-        if remaining < TICK:
+            # One timer for the whole hold, not one per completion that wakes the pump
+            # during it: a drain wakes it for most completions.
+            self._held_long = False
+            self._lingering = self.loop.call_later(LINGER, self._hold_ends)
+        elif self._held_long:
             return False
         self.wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(remaining):
-                await self.wake.wait()
+        await self.wake.wait()
         return True
+
+    def _hold_ends(self) -> None:
+        self._held_long = True
+        self.wake.set()
 
     async def _settle_and_fetch(self, acks: list[Delivery], results: list[Stored], limit: int
                                 ) -> list[Delivery]:
