@@ -123,6 +123,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_worker(opts: argparse.Namespace, env: dict[str, str], workdir: Path
+                 ) -> subprocess.Popen[bytes]:
+    # Under callgrind the worker's main process counts its instructions (its children
+    # are forked, so they run under it too, and as slowly).
+    valgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no",
+                f"--callgrind-out-file={workdir}/callgrind.%p"] if opts.callgrind else []
+    with open(workdir / "worker.log", "ab") as log:
+        return subprocess.Popen(
+            [*valgrind, sys.executable, "-m", "celeriac", "-A", "idle_path", "worker", "-P",
+             "prefork", "-c", "2", "-l", "warning", "--without-heartbeat",
+             "--without-gossip", "--without-mingle"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
 def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any]:
     import redis
 
@@ -138,21 +152,11 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
         (side.io_stored if opts.results else side.io).delay_many([(key,)] * opts.n)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
-    # Under callgrind the worker's main process counts its instructions (its children
-    # are forked, so they run under it too, and as slowly).
-    valgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no",
-                f"--callgrind-out-file={workdir}/callgrind.%p"] if opts.callgrind else []
-    with open(workdir / "worker.log", "ab") as log:
-        worker = subprocess.Popen(
-            [*valgrind, sys.executable, "-m", "celeriac", "-A", "idle_path", "worker", "-P",
-             "prefork", "-c", "2", "-l", "warning", "--without-heartbeat",
-             "--without-gossip", "--without-mingle"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log)
+    worker = start_worker(opts, env, workdir)
     try:
-        if opts.mode == "drain" and opts.callgrind:
-            return instructions(opts, worker, admin, key, workdir)
         if opts.mode == "drain":
-            return drain(opts, worker, admin, redis_pid, key)
+            return instructions(opts, worker, admin, key, workdir) if opts.callgrind \
+                else drain(opts, worker, admin, redis_pid, key)
         side.noop.delay().get(timeout=60)
         pids = [worker.pid, *children(worker.pid), redis_pid]
         key = f"stamps:{uuid.uuid4().hex}"
