@@ -40,11 +40,19 @@ Q = "lanes"
 
 
 @pytest.fixture(autouse=True)
-def _one_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as its process's only caller of lanes (``lanes._Callers`` is
-    process-wide: an earlier test's threads would otherwise keep its lanes from spinning)."""
+def own_callers(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The threads whose lane calls this test's lanes take into account (``_shared``):
+    the test's own, and any it adds. ``lanes._Callers`` is process-wide, so a thread an
+    earlier test left behind, calling a lane now and then, would otherwise keep this
+    test's lanes from spinning, or not, by its timing alone."""
+    monkeypatch.setattr(lanes._Callers, "last", 0)
     monkeypatch.setattr(lanes._Callers, "at", 0.0)
     monkeypatch.setattr(lanes._Callers, "shared_until", 0.0)
+    ours = {threading.get_ident()}
+    shared = lanes._shared
+    monkeypatch.setattr(lanes, "_shared",
+                        lambda now: threading.get_ident() in ours and shared(now))
+    return ours
 
 
 def count_calls(lane: Any) -> list[str]:
@@ -185,7 +193,8 @@ def test_a_spinning_lane_gives_its_cpu_way_between_polls(
 
 
 def test_lanes_do_not_spin_while_threads_take_turns(
-        server: ScriptedServer, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        server: ScriptedServer, url: str, monkeypatch: pytest.MonkeyPatch,
+        own_callers: set[int]) -> None:
     # A spinning thread holds the CPU and the GIL its process's other threads need (four
     # paced producer threads: 135-147 us of CPU a delay() spinning, 114-117 us without).
     yields: list[int] = []
@@ -199,6 +208,7 @@ def test_lanes_do_not_spin_while_threads_take_turns(
         assert yields and mine._misses == 1  # alone: it spun (in vain, 50 ms)
 
         def other_thread() -> None:  # a call on a lane of its own, to the real Redis
+            own_callers.add(threading.get_ident())
             params = lane_params(url)
             assert params is not None
             lane = SyncLane.open(params, "test", 2.0, 4.0)
