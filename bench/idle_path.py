@@ -213,6 +213,17 @@ def measure(opts: argparse.Namespace, port: int, workdir: Path) -> dict[str, Any
             "load": float(open("/proc/loadavg").read().split()[0])}
 
 
+def done_at_least(admin: Any, key: str, count: float, n: int, deadline: float,
+                  poll: float) -> int:
+    """The drain's counter once it reaches ``count`` (of ``n``), polled every ``poll``
+    seconds; RuntimeError past ``deadline`` (monotonic)."""
+    while (done := int(admin.get(key) or 0)) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"drain stuck at {done} of {n}")
+        time.sleep(poll)
+    return done
+
+
 def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
           redis_pid: int, key: str) -> dict[str, Any]:
     """The I/O drain of ``opts.n`` preloaded tasks (one INCR each, no result), measured
@@ -227,10 +238,7 @@ def drain(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admin: Any,
     waits: list[list[float]] = []
     calls: list[int] = []
     for frac in (0.1, 0.9):
-        while done() < n * frac:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"drain stuck at {done()} of {n}")
-            time.sleep(0.002)
+        done_at_least(admin, key, n * frac, n, deadline, 0.002)
         pids = [worker.pid, *children(worker.pid), redis_pid]
         times = [sched(p) for p in pids]
         marks.append((time.perf_counter(), [t[0] for t in times] + [switches(worker.pid)],
@@ -261,20 +269,12 @@ def instructions(opts: argparse.Namespace, worker: subprocess.Popen[bytes], admi
     """The drain's instructions per task in the worker's main process, between 20% and
     80% done (``callgrind_control`` zeroes the count, then dumps it): the same figure
     run after run, whatever else the machine does, where CPU time moves by 10-30%."""
-
-    def at_least(count: int) -> int:
-        deadline = time.monotonic() + 600
-        while (done := int(admin.get(key) or 0)) < count:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"drain stuck at {done} of {opts.n}")
-            time.sleep(0.01)
-        return done
-
-    start = at_least(opts.n // 5)
+    deadline = time.monotonic() + 600  # valgrind: about 50 times slower
+    start = done_at_least(admin, key, opts.n // 5, opts.n, deadline, 0.01)
     subprocess.run(["callgrind_control", "-z", str(worker.pid)], check=True,
                    capture_output=True)
     start = (start + int(admin.get(key) or 0)) / 2
-    at_least(opts.n * 4 // 5)
+    done_at_least(admin, key, opts.n * 4 // 5, opts.n, deadline, 0.01)
     end = int(admin.get(key) or 0)
     subprocess.run(["callgrind_control", "-d", str(worker.pid)], check=True,
                    capture_output=True)
